@@ -458,7 +458,7 @@ static int cuda_decode_batch(cuda_model *cm, cuda_seq **seqs, int n_seq, int n_g
             b[i] = (model_batch){.n_tokens = 1, .tokens = &tok[i], .positions = &pos[i],
                                  .n_out = 1, .out_rows = &row};
         }
-        if (cuda_forward_batch(cm, n_seq, seqs, b, tok, err) < 0)
+        if (cuda_forward_batch(cm, n_seq, seqs, b, tok, NULL, err) < 0)
             return -1;
     }
     return 0;
@@ -502,7 +502,7 @@ static int bench_model_cuda(const char *path, const bench_options *o)
                          .n_out = 1, .out_rows = &last};
         cuda_seq_truncate(seqs[0], 0);
         double t0 = bench_now_s();
-        if (cuda_forward_batch(cm, 1, seqs, &b, &id, err) < 0) {
+        if (cuda_forward_batch(cm, 1, seqs, &b, &id, NULL, err) < 0) {
             fprintf(stderr, "engine: prefill: %s\n", err);
             goto out;
         }

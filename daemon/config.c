@@ -5,6 +5,7 @@
  */
 #include "daemon/config.h"
 #include "daemon/reqlog.h"
+#include "engine/cuda/cuda.h"
 #include "engine/tok/chat.h"
 
 #include <ctype.h>
@@ -97,6 +98,14 @@ static const key_def keys[] = {
         "state directory: the catalog of apps and contexts (sqlite3, `llmsd.db`) and their "
         "data"),
     INT(threads, 0, 1024, "0", "engine threads, 0 = online cores"),
+    STR(device, "cpu",
+        "where generate models run: `cpu`, or `cuda` / `cuda:N` for GPU N (an llmsd built "
+        "with `make CUDA=1`; llama, qwen2 and qwen3 models in F32, F16, BF16, Q8_0, Q4_0, "
+        "Q4_K, Q5_K or Q6_K). Weights are uploaded once; contexts keep their K/V on the GPU "
+        "while they run and in host memory as always, so that they are stored and swapped "
+        "as on the CPU. A model the GPU cannot run, or a missing GPU, is logged and the "
+        "model stays on the CPU. The shipped unit's `PrivateDevices=yes` hides the GPU: "
+        "systemd/README.md has the drop-in that allows it"),
     INT(n_ctx, 0, 1 << 24, "0",
         "tokens per context window; 0 = the model's trained length or 4096, whichever is "
         "smaller; more than the trained length starts with a warning (past it the model "
@@ -828,6 +837,9 @@ int config_check(const config *c, char err[ERR_MAX])
                             "model.NAME = PATH generate)");
     if (!c->socket[0])
         return err_set(err, "socket: empty path");
+    int device;
+    if (cuda_parse_device(c->device, &device, err) < 0)
+        return -1;
     return 0;
 }
 

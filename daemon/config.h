@@ -56,6 +56,8 @@ typedef struct config {
     char state_dir[CONFIG_PATH_MAX];   /* where the catalog lives */
     char model_load[8];                /* "map" or "copy" (into huge pages): engine/gguf/gguf.h */
     int threads;                       /* engine threads; 0: online cores */
+    char device[16];                   /* "cpu", "cuda" or "cuda:N": where generate models
+                                          run (engine/cuda/cuda.h, cuda_parse_device) */
     int n_ctx;                         /* tokens per context window; 0: min(model, 4096) */
     int max_contexts_per_app;
     int max_tokens_per_context;        /* 0: n_ctx */

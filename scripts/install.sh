@@ -61,6 +61,7 @@ install -m 0644 "$src/systemd/llmsd.tmpfiles" "$root/lib/tmpfiles.d/llmsd.conf"
 # A drop-in to copy by hand: the shipped unit stays on Unix sockets (systemd/README.md).
 install -d "$root/share/llmsd"
 install -m 0644 "$src/systemd/http-tcp.conf" "$root/share/llmsd/http-tcp.conf"
+install -m 0644 "$src/systemd/cuda.conf" "$root/share/llmsd/cuda.conf"
 
 if [ -e "$destdir/etc/llmsd/llmsd.conf" ]; then
     echo "install.sh: keeping the existing $destdir/etc/llmsd/llmsd.conf"

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "engine/clock.h"
+#include "engine/cuda/cuda.h"
 #include "engine/encoder/bert.h"
 #include "engine/tok/chat.h"
 #include "engine/model/drybreak.h"
@@ -55,6 +56,7 @@ typedef struct run_options {
     int n_threads;
     int n_ctx;
     int n_batch;
+    int device;            /* --device: -1 the CPU, else the GPU's index */
     bool ids;
     bool chat;
     bool ignore_eos;
@@ -91,6 +93,8 @@ static void usage(FILE *out)
             "      --lora-scaled FILE S the same at scale S\n"
             "      --mmap               map the weights, shared with the page cache (default)\n"
             "      --no-mmap            read them into private memory on huge pages\n"
+            "  -dev, --device D         cpu (default), cuda or cuda:N: run the forward on that\n"
+            "                           GPU (a make CUDA=1 build; llama, qwen2, qwen3)\n"
             "      --temp T             temperature, 0 = greedy (default 0.8)\n"
             "      --top-k N            (default 40, 0 = off)\n"
             "      --top-p P            (default 0.95, 1 = off)\n"
@@ -247,6 +251,7 @@ static int parse_args(int argc, char **argv, run_options *o)
     memset(o, 0, sizeof *o);
     o->n_predict = 64;
     o->n_batch = 512;
+    o->device = -1;
     o->resident_small_mb = -1;
     o->load = GGUF_LOAD_MAP;
     o->sampling = sampler_params_default();
@@ -400,6 +405,11 @@ static int parse_args(int argc, char **argv, run_options *o)
             o->n_lora++;
         } else if (IS(NULL, "--mmap")) {
             o->load = GGUF_LOAD_MAP;
+        } else if (IS("-dev", "--device")) {
+            char err[ERR_MAX];
+            NEED_VALUE();
+            if ((rc = cuda_parse_device(v, &o->device, err)) < 0)
+                fprintf(stderr, "llms-run: %s\n", err);
         } else if (IS(NULL, "--no-mmap")) {
             o->load = GGUF_LOAD_COPY;
         } else if (IS(NULL, "--plan")) {
@@ -643,6 +653,13 @@ static int session_open(engine_session *s, model *m, const run_options *o, int n
     }
     if (!s->runner)
         return -1;
+    if (o->device >= 0) {
+        if (model_runner_use_gpu(s->runner, o->device, err) < 0) {
+            model_runner_free(s->runner);
+            return -1;
+        }
+        fprintf(stderr, "llms-run: forward on %s\n", model_runner_gpu_name(s->runner));
+    }
     s->pool = kv_pool_new(model_kv_shape(m), 0, err);
     if (!s->pool) {
         model_runner_free(s->runner);

@@ -4,8 +4,12 @@
 #include "daemon/models/genmodel.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "daemon/reqlog.h"
+#include "engine/cuda/cuda.h"
 
 int genmodel_plan(const genmodel *g, const config *cfg, int n_prompt, prefill_plan *p,
                   char err[ERR_MAX])
@@ -75,6 +79,24 @@ static int share_parts(genmodel *g, const genmodel_opts *o, char err[ERR_MAX])
     return g->cm ? 0 : -1;
 }
 
+/* The runner on the configured GPU; a model or a machine the GPU cannot take stays on the
+ * CPU, said in the log (config.c: device). */
+static void use_device(genmodel *g, const config *cfg)
+{
+    char err[ERR_MAX];
+    int device;
+    if (cuda_parse_device(cfg->device, &device, err) < 0 || device < 0)
+        return;
+    if (model_runner_use_gpu(g->runner, device, err) < 0) {
+        if (reqlog_enabled(REQLOG_WARN))
+            fprintf(stderr, "llmsd: warn: model %s stays on the CPU: %s\n", g->me->name, err);
+        return;
+    }
+    if (reqlog_enabled(REQLOG_INFO))
+        fprintf(stderr, "llmsd: model %s runs on %s\n", g->me->name,
+                model_runner_gpu_name(g->runner));
+}
+
 static int open_parts(genmodel *g, const genmodel_opts *o, char err[ERR_MAX])
 {
     const config *cfg = o->cfg;
@@ -99,6 +121,7 @@ static int open_parts(genmodel *g, const genmodel_opts *o, char err[ERR_MAX])
     /* sized for the longest prompt, so that every prompt the window admits fits */
     if ((cfg->prefill_budget_mb > 0 || cfg->resident_small_mb >= 0) && plan_runner(g, o, err))
         return -1;
+    use_device(g, cfg);
     if (!(g->pool = kv_pool_new(model_kv_shape(m), 0, err)))
         return -1;
     /* one out row per running request, and the draft rows speculation may add */

@@ -655,9 +655,9 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
     pthread_mutex_init(&r->view_lock, NULL);
     r->threads = cfg->threads;
     r->load = load;
-    /* batched decode's kernels read repacked Q8_0 weights fastest; streamed weights are
-     * read from the file as it stores them */
-    r->repack = cfg->resident_small_mb < 0;
+    /* batched decode's kernels read repacked Q8_0 weights fastest; streamed weights, and
+     * the GPU's copies, are read from the file as it stores them */
+    r->repack = cfg->resident_small_mb < 0 && !strcmp(cfg->device, "cpu");
     /* The shorthands come first: they are the defaults of their roles. */
     if ((cfg->model[0] && add_shorthand(r, "model", cfg->model, MODELS_GENERATE,
                                         MODELS_EMBED | MODELS_RERANK, err) < 0) ||

@@ -79,32 +79,41 @@ void cuda_seq_free(cuda_seq *s);
 int cuda_seq_n_tokens(const cuda_seq *s);
 /* Keeps the first n entries (n <= cuda_seq_n_tokens). */
 void cuda_seq_truncate(cuda_seq *s, int n);
+/* The token and the position of each of its entries (cuda_seq_n_tokens of each), valid
+ * until its next change. */
+void cuda_seq_entries(const cuda_seq *s, const int32_t **tokens, const int32_t **positions);
 
 /*
  * Evaluates batches[i] against seqs[i] for i < n_seq and appends their K/V, as
  * model_forward_batch does on the CPU: each row attends to the entries of its sequence
  * at positions <= its own. Outputs: logits and hidden_last of the out rows (host
- * memory, as model_batch says); hidden, attn, attn_received, layer_ready and a model
- * other than the one loaded are refused. argmax, when not NULL, receives (sum of n_out)
- * the greedy token of each out row in order, computed on the device (logits may then be
- * NULL: only the ids cross the bus). The rows add up to at most max_batch; no sequence
- * twice. Everything is checked before anything runs: on failure no sequence has changed.
- * 0, or -1 + err (a failing CUDA call is named).
+ * memory, as model_batch says) and attn_received (added to, as on the CPU); hidden, attn,
+ * layer_ready and a model other than the one loaded are refused. argmax, when not NULL,
+ * receives (sum of n_out) the greedy token of each out row in order, computed on the
+ * device (logits may then be NULL: only the ids cross the bus). hosts, when not NULL,
+ * are n_seq host sequences of the model's kv_shape, each as long as its device sequence:
+ * the step's new entries are appended to them too (write-through, one transfer for the
+ * whole step), so that a context's host record stays whole. The rows add up to at most
+ * max_batch; no sequence twice. Everything is checked before anything runs: on failure
+ * no sequence has changed. 0, or -1 + err (a failing CUDA call is named).
  */
 int cuda_forward_batch(cuda_model *cm, int n_seq, cuda_seq *const *seqs,
-                       const model_batch *batches, int32_t *argmax, char err[ERR_MAX]);
+                       const model_batch *batches, int32_t *argmax, kv_seq *const *hosts,
+                       char err[ERR_MAX]);
 
 /*
  * The host tier. cuda_seq_to_host appends the device sequence's entries [from, n) to
  * host, a kv_seq of the same model's kv_shape whose length is from, as f16 chunks with
  * their tokens and positions: a context written through to host memory can be stored,
- * swapped and compressed as any other. cuda_seq_from_host makes s equal to host (every
- * chunk resident; compressed ones are decoded to f16 on the way): a context moved
- * GPU -> host -> store -> GPU attends to the same K/V bits as one that never moved, when
- * its chunks stayed f16. -1 + err.
+ * swapped and compressed as any other. cuda_seq_from_host makes s equal to host given
+ * that its first `from` entries (<= its length) are host's already: host's entries from
+ * there on are uploaded (their chunks resident; compressed ones are decoded to f16 on
+ * the way). A context moved GPU -> host -> store -> GPU attends to the same K/V bits as
+ * one that never moved, when its chunks stayed f16. -1 + err (s then keeps its first
+ * `from` entries).
  */
 int cuda_seq_to_host(const cuda_seq *s, int from, kv_seq *host, char err[ERR_MAX]);
-int cuda_seq_from_host(cuda_seq *s, const kv_seq *host, char err[ERR_MAX]);
+int cuda_seq_from_host(cuda_seq *s, const kv_seq *host, int from, char err[ERR_MAX]);
 
 #ifdef __cplusplus
 }

@@ -68,6 +68,8 @@ struct cuda_model {
     int32_t *argmax;          /* (max_batch) */
     uint16_t *act_half;       /* (max_batch, max(dim, q_dim, n_ff)) cuBLAS's activations */
     uint16_t *w_half;         /* (w_half_elems) a dequantized matrix for cuBLAS, or NULL */
+    uint16_t *kv_out;         /* (max_batch, n_layer, 2, kv_dim) the step's new K/V */
+    uint16_t *kv_out_host;    /* the same, pinned: written through to host sequences */
 
     /* A step's inputs: host (pinned) and device twins of the same layout. */
     void *in_host, *in_dev;
@@ -75,6 +77,7 @@ struct cuda_model {
                                                 (max_batch, rope_dims), rows (max_batch)
                                                 and out (max_batch) int32 */
     int32_t *argmax_host;     /* (max_batch) pinned */
+    float *recv_host;         /* (max_kv) pinned: a sequence's attention received */
 
     /* The host tier's staging, pinned: (n_layer, stage_entries, kv_dim) halves of K, then
      * of V. */
@@ -87,6 +90,7 @@ struct cuda_seq {
     uint16_t *k;       /* (n_layer, max_kv, kv_dim) device */
     uint16_t *v;       /* (n_layer, max_kv, kv_dim) device */
     int32_t *pos;      /* (max_kv) device: each entry's position, for attention's mask */
+    float *recv;       /* (max_kv) device: attention received in a step that wants it */
     int32_t *tokens_h; /* (max_kv) host: each entry's token, for the host tier */
     int32_t *pos_h;    /* (max_kv) host: each entry's position */
     int n;
@@ -338,8 +342,9 @@ static int cuda_alloc_scratch(cuda_model *cm, size_t w_half_elems, char err[ERR_
     size_t total = 0;
     for (size_t i = 0; i < sizeof f32_n / sizeof *f32_n; i++)
         total += cuda_align(f32_n[i] * sizeof(float));
+    size_t kv_out_bytes = B * hp->n_layer * 2 * cm->kv_dim * 2;
     total += cuda_align(B * sizeof(int32_t)) + cuda_align(B * widest * 2) +
-             cuda_align(w_half_elems * 2);
+             cuda_align(kv_out_bytes) + cuda_align(w_half_elems * 2);
     CUDA_TRY(cudaMalloc(&cm->scratch, total), "scratch memory");
     char *p = cm->scratch;
     for (size_t i = 0; i < sizeof f32_n / sizeof *f32_n; i++) {
@@ -350,6 +355,8 @@ static int cuda_alloc_scratch(cuda_model *cm, size_t w_half_elems, char err[ERR_
     p += cuda_align(B * sizeof(int32_t));
     cm->act_half = (uint16_t *)p;
     p += cuda_align(B * widest * 2);
+    cm->kv_out = (uint16_t *)p;
+    p += cuda_align(kv_out_bytes);
     cm->w_half = w_half_elems ? (uint16_t *)p : NULL;
 
     cm->off_x = 0;
@@ -360,6 +367,11 @@ static int cuda_alloc_scratch(cuda_model *cm, size_t w_half_elems, char err[ERR_
     CUDA_TRY(cudaMalloc(&cm->in_dev, in_bytes), "step input memory");
     CUDA_TRY(cudaHostAlloc(&cm->in_host, in_bytes, cudaHostAllocDefault), "pinned host memory");
     CUDA_TRY(cudaHostAlloc((void **)&cm->argmax_host, B * sizeof(int32_t), cudaHostAllocDefault),
+             "pinned host memory");
+    CUDA_TRY(cudaHostAlloc((void **)&cm->kv_out_host, kv_out_bytes, cudaHostAllocDefault),
+             "pinned host memory");
+    CUDA_TRY(cudaHostAlloc((void **)&cm->recv_host, (size_t)cm->max_kv * sizeof(float),
+                           cudaHostAllocDefault),
              "pinned host memory");
     cm->stage_entries = cm->max_batch < KV_CHUNK_TOKENS ? KV_CHUNK_TOKENS : cm->max_batch;
     CUDA_TRY(cudaHostAlloc((void **)&cm->stage,
@@ -457,6 +469,8 @@ void cuda_model_free(cuda_model *cm)
     cudaFree(cm->in_dev);
     cudaFreeHost(cm->in_host);
     cudaFreeHost(cm->argmax_host);
+    cudaFreeHost(cm->recv_host);
+    cudaFreeHost(cm->kv_out_host);
     cudaFreeHost(cm->stage);
     free(cm->layers);
     free(cm);
@@ -503,6 +517,8 @@ cuda_seq *cuda_seq_new(cuda_model *cm, char err[ERR_MAX])
         e = cudaMalloc((void **)&s->v, halves * 2);
     if (e == cudaSuccess)
         e = cudaMalloc((void **)&s->pos, entries * sizeof(int32_t));
+    if (e == cudaSuccess)
+        e = cudaMalloc((void **)&s->recv, entries * sizeof(float));
     if (e != cudaSuccess) {
         cuda_fail(e, "a sequence's KV memory", err);
         cuda_seq_free(s);
@@ -520,6 +536,7 @@ void cuda_seq_free(cuda_seq *s)
     cudaFree(s->k);
     cudaFree(s->v);
     cudaFree(s->pos);
+    cudaFree(s->recv);
     free(s->tokens_h);
     free(s->pos_h);
     free(s);
@@ -534,6 +551,12 @@ void cuda_seq_truncate(cuda_seq *s, int n)
 {
     if (n >= 0 && n < s->n)
         s->n = n;
+}
+
+void cuda_seq_entries(const cuda_seq *s, const int32_t **tokens, const int32_t **positions)
+{
+    *tokens = s->tokens_h;
+    *positions = s->pos_h;
 }
 
 /* ---- the forward ---- */
@@ -578,8 +601,8 @@ static int cuda_matmul(cuda_model *cm, const cuda_weight *w, const float *x, int
 }
 
 static int cuda_check_batches(const cuda_model *cm, int n_seq, cuda_seq *const *seqs,
-                              const model_batch *batches, int *n_rows, int *n_out,
-                              char err[ERR_MAX])
+                              const model_batch *batches, kv_seq *const *hosts, int *n_rows,
+                              int *n_out, char err[ERR_MAX])
 {
     const model_hparams *hp = &cm->hp;
     *n_rows = *n_out = 0;
@@ -599,11 +622,11 @@ static int cuda_check_batches(const cuda_model *cm, int n_seq, cuda_seq *const *
                 snprintf(err, ERR_MAX, "cuda: batches %d and %d share a sequence", j, i);
                 return -1;
             }
-        if (b->hidden || b->attn || b->attn_received || b->layer_ready ||
+        if (b->hidden || b->attn || b->layer_ready ||
             (b->model && b->model != cm->m)) {
             snprintf(err, ERR_MAX,
                      "cuda: batch %d asks for what the GPU backend does not give (per-layer "
-                     "hidden states, attention, layer callbacks, another model)",
+                     "hidden states, attention probabilities, layer callbacks, another model)",
                      i);
             return -1;
         }
@@ -625,6 +648,11 @@ static int cuda_check_batches(const cuda_model *cm, int n_seq, cuda_seq *const *
                          "batch", i);
                 return -1;
             }
+        if (hosts && kv_seq_n_tokens(hosts[i]) != s->n) {
+            snprintf(err, ERR_MAX, "cuda: batch %d: the host sequence has %d entries, the "
+                     "device's %d", i, kv_seq_n_tokens(hosts[i]), s->n);
+            return -1;
+        }
         if (s->n + b->n_tokens > cm->max_kv) {
             snprintf(err, ERR_MAX, "cuda: batch %d: %d entries would exceed the %d the "
                      "sequence holds", i, s->n + b->n_tokens, cm->max_kv);
@@ -673,8 +701,13 @@ static int cuda_send_inputs(cuda_model *cm, int n_seq, cuda_seq *const *seqs,
                 .slot = s->n + t,
                 .n_kv = s->n + b->n_tokens,
                 .q_pos = b->positions[t],
+                .recv = b->attn_received ? s->recv : NULL,
             };
         }
+        if (b->attn_received)
+            CUDA_TRY(cudaMemsetAsync(s->recv, 0, (size_t)(s->n + b->n_tokens) * sizeof(float),
+                                     cm->stream),
+                     "attention received");
     }
     char *dev = cm->in_dev;
     CUDA_TRY(cudaMemcpyAsync(dev + cm->off_x, x, (size_t)n_rows * hp->dim * sizeof(float),
@@ -698,7 +731,8 @@ static int cuda_send_inputs(cuda_model *cm, int n_seq, cuda_seq *const *seqs,
     return 0;
 }
 
-static int cuda_layer_forward(cuda_model *cm, int l, int n, char err[ERR_MAX])
+static int cuda_layer_forward(cuda_model *cm, int l, int n, bool write_through,
+                              char err[ERR_MAX])
 {
     const model_hparams *hp = &cm->hp;
     const cuda_layer *L = &cm->layers[l];
@@ -735,7 +769,8 @@ static int cuda_layer_forward(cuda_model *cm, int l, int n, char err[ERR_MAX])
                            interleaved, st),
                  "RoPE of k");
     }
-    CUDA_TRY(cuda_kv_append(cm->k, cm->v, rows, n, cm->kv_dim, layer_off, l == 0, st),
+    CUDA_TRY(cuda_kv_append(cm->k, cm->v, rows, n, cm->kv_dim, l, hp->n_layer, cm->max_kv,
+                            write_through ? cm->kv_out : NULL, st),
              "KV append");
     CUDA_TRY(cuda_attention(cm->q, rows, n, hp->n_head, hp->n_head_kv, hp->head_dim, layer_off,
                             hp->attn_scale, cm->att, st),
@@ -796,24 +831,82 @@ static int cuda_outputs(cuda_model *cm, int n_seq, const model_batch *batches, i
     return 0;
 }
 
+/* Adds each batch's sequence's attention received into its attn_received. */
+static int cuda_received(cuda_model *cm, int n_seq, cuda_seq *const *seqs,
+                         const model_batch *batches, char err[ERR_MAX])
+{
+    for (int i = 0; i < n_seq; i++) {
+        const model_batch *b = &batches[i];
+        int n_kv = seqs[i]->n + b->n_tokens;
+        if (!b->attn_received || !b->n_tokens)
+            continue;
+        CUDA_TRY(cudaMemcpy(cm->recv_host, seqs[i]->recv, (size_t)n_kv * sizeof(float),
+                            cudaMemcpyDeviceToHost),
+                 "attention received");
+        for (int j = 0; j < n_kv; j++)
+            b->attn_received[j] += cm->recv_host[j];
+    }
+    return 0;
+}
+
+/* The step's new K/V (cm->kv_out_host) appended to each host sequence, in space
+ * reserved before the step. */
+static void cuda_write_through(cuda_model *cm, int n_seq, const model_batch *batches,
+                               kv_seq *const *hosts)
+{
+    kv_shape shape = model_kv_shape(cm->m);
+    int hd = shape.head_dim, r = 0;
+    for (int i = 0; i < n_seq; i++)
+        for (int t = 0; t < batches[i].n_tokens; t++, r++) {
+            kv_chunk *c;
+            int idx;
+            kv_seq_append(hosts[i], batches[i].tokens[t], batches[i].positions[t], &c, &idx);
+            for (int l = 0; l < shape.n_layer; l++) {
+                const uint16_t *k = cm->kv_out_host + ((size_t)r * shape.n_layer + l) * 2 * cm->kv_dim;
+                for (int h = 0; h < shape.n_head_kv; h++) {
+                    memcpy(kv_chunk_k_f16(c, shape, l, h) + (size_t)idx * hd, k + (size_t)h * hd,
+                           (size_t)hd * 2);
+                    memcpy(kv_chunk_v_f16(c, shape, l, h) + (size_t)idx * hd,
+                           k + cm->kv_dim + (size_t)h * hd, (size_t)hd * 2);
+                }
+            }
+        }
+}
+
 int cuda_forward_batch(cuda_model *cm, int n_seq, cuda_seq *const *seqs,
-                       const model_batch *batches, int32_t *argmax, char err[ERR_MAX])
+                       const model_batch *batches, int32_t *argmax, kv_seq *const *hosts,
+                       char err[ERR_MAX])
 {
     int n_rows, n_out;
-    if (cuda_check_batches(cm, n_seq, seqs, batches, &n_rows, &n_out, err) < 0)
+    if (cuda_check_batches(cm, n_seq, seqs, batches, hosts, &n_rows, &n_out, err) < 0)
         return -1;
     if (n_rows == 0)
         return 0;
+    for (int i = 0; hosts && i < n_seq; i++)
+        if (kv_seq_reserve(hosts[i], batches[i].n_tokens, err) < 0) {
+            for (int j = 0; j <= i; j++)
+                kv_seq_truncate(hosts[j], seqs[j]->n);
+            return -1;
+        }
     CUDA_TRY(cudaSetDevice(cm->device), "device");
     if (cuda_send_inputs(cm, n_seq, seqs, batches, n_rows, n_out, err) < 0)
         return -1;
     for (int l = 0; l < cm->hp.n_layer; l++)
-        if (cuda_layer_forward(cm, l, n_rows, err) < 0)
+        if (cuda_layer_forward(cm, l, n_rows, hosts != NULL, err) < 0)
             return -1;
+    if (hosts)
+        CUDA_TRY(cudaMemcpyAsync(cm->kv_out_host, cm->kv_out,
+                                 (size_t)n_rows * cm->hp.n_layer * 2 * cm->kv_dim * 2,
+                                 cudaMemcpyDeviceToHost, cm->stream),
+                 "the step's K/V");
     if (n_out && cuda_outputs(cm, n_seq, batches, n_out, argmax, err) < 0)
         return -1;
     if (!n_out)
         CUDA_TRY(cudaStreamSynchronize(cm->stream), "the step");
+    if (cuda_received(cm, n_seq, seqs, batches, err) < 0)
+        return -1;
+    if (hosts)
+        cuda_write_through(cm, n_seq, batches, hosts);
     for (int i = 0; i < n_seq; i++) {
         cuda_seq *s = seqs[i];
         const model_batch *b = &batches[i];
@@ -831,20 +924,25 @@ int cuda_forward_batch(cuda_model *cm, int n_seq, cuda_seq *const *seqs,
 static int cuda_stage_copy(cuda_model *cm, const cuda_seq *s, int at, int n, bool to_device,
                            char err[ERR_MAX])
 {
-    size_t row = (size_t)cm->kv_dim * 2, layer_stage = (size_t)cm->stage_entries * cm->kv_dim;
-    size_t v_off = (size_t)cm->hp.n_layer * layer_stage;
-    for (int l = 0; l < cm->hp.n_layer; l++) {
-        size_t dev_off = ((size_t)l * cm->max_kv + at) * cm->kv_dim;
-        uint16_t *hk = cm->stage + l * layer_stage, *hv = cm->stage + v_off + l * layer_stage;
-        if (to_device) {
-            CUDA_TRY(cudaMemcpy(s->k + dev_off, hk, n * row, cudaMemcpyHostToDevice), "K upload");
-            CUDA_TRY(cudaMemcpy(s->v + dev_off, hv, n * row, cudaMemcpyHostToDevice), "V upload");
-        } else {
-            CUDA_TRY(cudaMemcpy(hk, s->k + dev_off, n * row, cudaMemcpyDeviceToHost),
-                     "K download");
-            CUDA_TRY(cudaMemcpy(hv, s->v + dev_off, n * row, cudaMemcpyDeviceToHost),
-                     "V download");
-        }
+    size_t row = (size_t)cm->kv_dim * 2, dev_pitch = (size_t)cm->max_kv * row;
+    size_t stage_pitch = (size_t)cm->stage_entries * row;
+    size_t dev_off = (size_t)at * cm->kv_dim;
+    uint16_t *hk = cm->stage, *hv = cm->stage + (size_t)cm->hp.n_layer * cm->stage_entries * cm->kv_dim;
+    int layers = cm->hp.n_layer;
+    if (to_device) {
+        CUDA_TRY(cudaMemcpy2D(s->k + dev_off, dev_pitch, hk, stage_pitch, n * row, layers,
+                              cudaMemcpyHostToDevice),
+                 "K upload");
+        CUDA_TRY(cudaMemcpy2D(s->v + dev_off, dev_pitch, hv, stage_pitch, n * row, layers,
+                              cudaMemcpyHostToDevice),
+                 "V upload");
+    } else {
+        CUDA_TRY(cudaMemcpy2D(hk, stage_pitch, s->k + dev_off, dev_pitch, n * row, layers,
+                              cudaMemcpyDeviceToHost),
+                 "K download");
+        CUDA_TRY(cudaMemcpy2D(hv, stage_pitch, s->v + dev_off, dev_pitch, n * row, layers,
+                              cudaMemcpyDeviceToHost),
+                 "V download");
     }
     return 0;
 }
@@ -917,16 +1015,17 @@ static void cuda_stage_chunk(cuda_model *cm, const kv_chunk *c, int at, float *k
         }
 }
 
-int cuda_seq_from_host(cuda_seq *s, const kv_seq *host, char err[ERR_MAX])
+int cuda_seq_from_host(cuda_seq *s, const kv_seq *host, int from, char err[ERR_MAX])
 {
     cuda_model *cm = s->cm;
     kv_shape shape = model_kv_shape(cm->m);
     int n = kv_seq_n_tokens(host);
-    if (n > cm->max_kv) {
-        snprintf(err, ERR_MAX, "cuda: %d entries exceed the %d a sequence holds", n, cm->max_kv);
+    if (n > cm->max_kv || from < 0 || from > s->n || from > n) {
+        snprintf(err, ERR_MAX, "cuda: entries %d.. of %d do not fit the %d a sequence holds, "
+                 "after its %d", from, n, cm->max_kv, s->n);
         return -1;
     }
-    for (int c = 0; c < host->n_chunks; c++)
+    for (int c = from / KV_CHUNK_TOKENS; c < host->n_chunks; c++)
         if (!host->chunks[c]) {
             snprintf(err, ERR_MAX, "cuda: chunk %d of the host sequence is not resident", c);
             return -1;
@@ -937,11 +1036,13 @@ int cuda_seq_from_host(cuda_seq *s, const kv_seq *host, char err[ERR_MAX])
         return -1;
     }
     float *vf = kf + (size_t)KV_CHUNK_TOKENS * shape.head_dim;
-    int rc = 0, at = 0, staged = 0;
+    /* whole chunks are staged, from the one holding entry `from`: entries before it are
+     * uploaded again, the same bits */
+    int first = from / KV_CHUNK_TOKENS, at = first * KV_CHUNK_TOKENS, rc = 0, staged = 0;
     cudaError_t e = cudaSetDevice(cm->device);
     if (e != cudaSuccess)
         rc = cuda_fail(e, "device", err);
-    for (int c = 0; rc == 0 && c <= host->n_chunks; c++) {
+    for (int c = first; rc == 0 && c <= host->n_chunks; c++) {
         const kv_chunk *ch = c < host->n_chunks ? host->chunks[c] : NULL;
         if (staged && (!ch || staged + ch->n_tokens > cm->stage_entries)) {
             rc = cuda_stage_copy(cm, s, at - staged, staged, true, err);
@@ -960,6 +1061,6 @@ int cuda_seq_from_host(cuda_seq *s, const kv_seq *host, char err[ERR_MAX])
         (e = cudaMemcpy(s->pos, s->pos_h, (size_t)n * sizeof(int32_t),
                         cudaMemcpyHostToDevice)) != cudaSuccess)
         rc = cuda_fail(e, "positions upload", err);
-    s->n = rc == 0 ? n : 0;
+    s->n = rc == 0 ? n : from;
     return rc;
 }

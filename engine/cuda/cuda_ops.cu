@@ -139,28 +139,56 @@ cudaError_t cuda_rope(float *x, const float *cs, int n, int n_head, int hd, int 
 }
 
 __global__ static void cuda_kv_append_kernel(const float *k, const float *v,
-                                             const cuda_row *rows, int n, int kv_dim,
-                                             size_t layer_off, bool first_layer)
+                                             const cuda_row *rows, int n, int kv_dim, int layer,
+                                             int n_layer, int max_kv, uint16_t *out)
 {
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= (size_t)n * kv_dim)
         return;
     int r = (int)(i / kv_dim), e = (int)(i % kv_dim);
     const cuda_row row = rows[r];
-    size_t dst = layer_off + (size_t)row.slot * kv_dim + e;
-    row.k[dst] = __half_as_ushort(__float2half_rn(k[i]));
-    row.v[dst] = __half_as_ushort(__float2half_rn(v[i]));
-    if (first_layer && e == 0)
+    size_t dst = ((size_t)layer * max_kv + row.slot) * kv_dim + e;
+    uint16_t kh = __half_as_ushort(__float2half_rn(k[i]));
+    uint16_t vh = __half_as_ushort(__float2half_rn(v[i]));
+    row.k[dst] = kh;
+    row.v[dst] = vh;
+    if (out) {
+        uint16_t *o = out + ((size_t)r * n_layer + layer) * 2 * kv_dim + e;
+        o[0] = kh;
+        o[kv_dim] = vh;
+    }
+    if (layer == 0 && e == 0)
         row.pos[row.slot] = row.q_pos;
 }
 
 cudaError_t cuda_kv_append(const float *k, const float *v, const cuda_row *rows, int n,
-                           int kv_dim, size_t layer_off, bool first_layer, cudaStream_t s)
+                           int kv_dim, int layer, int n_layer, int max_kv, uint16_t *out,
+                           cudaStream_t s)
 {
     size_t total = (size_t)n * kv_dim;
-    cuda_kv_append_kernel<<<cuda_blocks(total, 256), 256, 0, s>>>(k, v, rows, n, kv_dim,
-                                                                 layer_off, first_layer);
+    cuda_kv_append_kernel<<<cuda_blocks(total, 256), 256, 0, s>>>(k, v, rows, n, kv_dim, layer,
+                                                                 n_layer, max_kv, out);
     return cudaGetLastError();
+}
+
+/* The scaled score of entry j against qs, -inf when the row may not see it. */
+__device__ static inline float cuda_attn_score(const float *qs, const __half *K,
+                                               const cuda_row &row, int j, int hd, int kv_dim)
+{
+    if (j >= row.n_kv || row.pos[j] > row.q_pos)
+        return -INFINITY;
+    const uint4 *kj = (const uint4 *)(K + (size_t)j * kv_dim);
+    float dot = 0.0f;
+    for (int c = 0; c < hd / 8; c++) {
+        uint4 u = kj[c];
+        const __half2 *h2 = (const __half2 *)&u;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float2 f = __half22float2(h2[e]);
+            dot += qs[c * 8 + 2 * e] * f.x + qs[c * 8 + 2 * e + 1] * f.y;
+        }
+    }
+    return dot;
 }
 
 /*
@@ -197,22 +225,8 @@ __global__ static void cuda_attention_kernel(const float *q, const cuda_row *row
 
     const int n_tiles = (row.n_kv + 31) / 32;
     for (int tile = warp; tile < n_tiles; tile += CUDA_ATTN_WARPS) {
-        int j0 = tile * 32, j = j0 + lane;
-        float score = -INFINITY;
-        if (j < row.n_kv && row.pos[j] <= row.q_pos) {
-            const uint4 *kj = (const uint4 *)(K + (size_t)j * kv_dim);
-            float dot = 0.0f;
-            for (int c = 0; c < hd / 8; c++) {
-                uint4 u = kj[c];
-                const __half2 *h2 = (const __half2 *)&u;
-#pragma unroll
-                for (int e = 0; e < 4; e++) {
-                    float2 f = __half22float2(h2[e]);
-                    dot += qs[c * 8 + 2 * e] * f.x + qs[c * 8 + 2 * e + 1] * f.y;
-                }
-            }
-            score = dot;
-        }
+        int j0 = tile * 32;
+        float score = cuda_attn_score(qs, K, row, j0 + lane, hd, kv_dim);
         float tile_max = cuda_warp_max(score);
         if (tile_max == -INFINITY)
             continue;
@@ -262,6 +276,14 @@ __global__ static void cuda_attention_kernel(const float *q, const cuda_row *row
                 sum += warp_acc[w][d] * expf(warp_m[w] - m_all);
         o[d] = sum / l_all;
     }
+    /* the probabilities again, from the scores and the softmax's final max and sum */
+    if (row.recv)
+        for (int tile = warp; tile < n_tiles; tile += CUDA_ATTN_WARPS) {
+            int j = tile * 32 + lane;
+            float score = cuda_attn_score(qs, K, row, j, hd, kv_dim);
+            if (score != -INFINITY)
+                atomicAdd(row.recv + j, expf(score - m_all) / l_all);
+        }
 }
 
 cudaError_t cuda_attention(const float *q, const cuda_row *rows, int n, int n_head,

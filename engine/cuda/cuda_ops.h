@@ -30,6 +30,7 @@ typedef struct cuda_row {
     int32_t n_kv;     /* entries attention reads: the sequence's after the step's append */
     int32_t q_pos;    /* this row's position: it sees the entries at positions <= q_pos */
     int32_t pad;
+    float *recv;      /* (max_kv) attention each entry receives, added to; NULL: not wanted */
 } cuda_row;
 
 /* y (n, dim) = x / rms(x) * w, per row. */
@@ -50,14 +51,18 @@ cudaError_t cuda_rope(float *x, const float *cs, int n, int n_head, int hd, int 
                       bool interleaved, cudaStream_t s);
 
 /* Writes rows' k and v (n, kv_dim) as f16 into their slots of layer `layer`'s cache
- * (layer_off halves in), and at layer 0 each row's position into pos[slot]. */
+ * (layer * max_kv * kv_dim halves in), and at layer 0 each row's position into pos[slot].
+ * out, when not NULL, gets the same halves as (n, n_layer, 2, kv_dim), K before V: the
+ * step's new entries in one piece for the host. */
 cudaError_t cuda_kv_append(const float *k, const float *v, const cuda_row *rows, int n,
-                           int kv_dim, size_t layer_off, bool first_layer, cudaStream_t s);
+                           int kv_dim, int layer, int n_layer, int max_kv, uint16_t *out,
+                           cudaStream_t s);
 
 /* out (n, n_head, hd) = softmax(scale * q . K^T, masked by position) . V for every row and
  * head, over its sequence's cache at layer_off; grouped-query heads share K/V head
  * h / (n_head / n_head_kv). q (n, n_head, hd). hd a multiple of 8, at most
- * CUDA_ATTN_MAX_HEAD_DIM. */
+ * CUDA_ATTN_MAX_HEAD_DIM. Rows with recv add each entry's probability there (atomically:
+ * the order of the additions varies). */
 cudaError_t cuda_attention(const float *q, const cuda_row *rows, int n, int n_head,
                            int n_head_kv, int hd, size_t layer_off, float scale, float *out,
                            cudaStream_t s);

@@ -92,10 +92,17 @@ void cuda_seq_truncate(cuda_seq *s, int n)
     (void)s, (void)n;
 }
 
-int cuda_forward_batch(cuda_model *cm, int n_seq, cuda_seq *const *seqs,
-                       const model_batch *batches, int32_t *argmax, char err[ERR_MAX])
+void cuda_seq_entries(const cuda_seq *s, const int32_t **tokens, const int32_t **positions)
 {
-    (void)cm, (void)n_seq, (void)seqs, (void)batches, (void)argmax;
+    (void)s;
+    *tokens = *positions = NULL;
+}
+
+int cuda_forward_batch(cuda_model *cm, int n_seq, cuda_seq *const *seqs,
+                       const model_batch *batches, int32_t *argmax, kv_seq *const *hosts,
+                       char err[ERR_MAX])
+{
+    (void)cm, (void)n_seq, (void)seqs, (void)batches, (void)argmax, (void)hosts;
     cuda_not_built(err);
     return -1;
 }
@@ -107,9 +114,9 @@ int cuda_seq_to_host(const cuda_seq *s, int from, kv_seq *host, char err[ERR_MAX
     return -1;
 }
 
-int cuda_seq_from_host(cuda_seq *s, const kv_seq *host, char err[ERR_MAX])
+int cuda_seq_from_host(cuda_seq *s, const kv_seq *host, int from, char err[ERR_MAX])
 {
-    (void)s, (void)host;
+    (void)s, (void)host, (void)from;
     cuda_not_built(err);
     return -1;
 }

@@ -25,6 +25,7 @@
 
 #include "engine/quant/blas.h"
 #include "engine/model/lora.h"
+#include "engine/model/offload.h"
 #include "engine/model/ops.h"
 #include "engine/quant/quant.h"
 #include "engine/threadpool.h"
@@ -1213,6 +1214,7 @@ struct model_runner {
     float *own_t;   /* lora_t when model_runner_reserve_lora made it, else NULL */
     size_t own_bytes;
     tp_pool *pool;
+    offload *gpu;              /* model_runner_use_gpu's GPU, or NULL */
     const _Atomic bool *abort; /* model_runner_set_abort's flag, or NULL */
     bool aborted;              /* the last model_forward_rows stopped at *abort */
     int max_batch;
@@ -1472,11 +1474,28 @@ void model_runner_free(model_runner *r)
         return;
     if (!r->owner)
         tp_free(r->pool);
+    offload_free(r->gpu);
     pthread_mutex_destroy(&r->recv_lock);
     free(r->mem);
     free(r->own_t);
     free(r->frags);
     free(r);
+}
+
+int model_runner_use_gpu(model_runner *r, int device, char err[ERR_MAX])
+{
+    if (r->gpu)
+        return err_set(err, "the runner is on a GPU already");
+    if (r->owner)
+        return err_set(err, "a shared runner runs on its owner's device");
+    if (r->n_frags)
+        return err_set(err, "a runner whose weights stream stays on the CPU");
+    return (r->gpu = offload_new(r->m, device, r->max_batch, r->max_kv, err)) ? 0 : -1;
+}
+
+const char *model_runner_gpu_name(const model_runner *r)
+{
+    return r->gpu ? offload_device_name(r->gpu) : NULL;
 }
 
 int model_runner_n_threads(const model_runner *r)
@@ -2618,6 +2637,17 @@ int model_forward_batch(model_runner *r, int n_seq, kv_seq *const *seqs,
         }
     }
 
+    if (r->gpu && offload_takes(r->gpu, n_seq, batches)) {
+        int n_before[n_seq];
+        for (int i = 0; i < n_seq; i++)
+            n_before[i] = parts[i].n_before;
+        if (offload_forward_batch(r->gpu, n_seq, seqs, batches, n_before, err) < 0) {
+            for (int i = 0; i < n_seq; i++)
+                kv_seq_truncate(seqs[i], n_before[i]);
+            return -1;
+        }
+        return 0;
+    }
     for (int i = 0; i < n_seq; i++)
         if (batches[i].attn)
             memset(batches[i].attn, 0, (size_t)hp->n_layer * hp->n_head * batches[i].n_tokens *

@@ -394,6 +394,24 @@ typedef struct model_residency {
 } model_residency;
 model_residency model_weight_residency(const model *m, size_t resident_bytes);
 
+/*
+ * Runs this runner's forwards on GPU `device` (engine/cuda: a make CUDA=1 build; llama,
+ * qwen2 and qwen3 in F32, F16, BF16, Q8_0, Q4_0 and the K-quants Q4_K, Q5_K, Q6_K). The
+ * weights are uploaded once; each sequence's K/V live on the device while it runs, and
+ * every step's new entries are also appended to its kv_seq, so that the host sequences
+ * stay whole and everything that reads, stores, compresses or swaps them works as before
+ * (engine/model/offload.h). Batches that ask for per-layer hidden states, attention
+ * probabilities or adapter views' rows still run on the CPU. Numerics: the GPU's products
+ * keep f32 activations (f16 on cuBLAS's tensor cores for more than 8 rows of float
+ * weights, 32 of quantized ones), so logits differ from the CPU path's by rounding
+ * (tests/engine/test_cuda.c). -1 + err when the backend refuses the model, the device
+ * or its memory (the runner then stays on the CPU), and for shared or streaming runners.
+ */
+int model_runner_use_gpu(model_runner *r, int device, char err[ERR_MAX]);
+
+/* The GPU's name ("NVIDIA H200") when the runner uses one, else NULL. */
+const char *model_runner_gpu_name(const model_runner *r);
+
 int model_runner_n_threads(const model_runner *r);
 
 /* Threads its jobs run on now: fewer than model_runner_n_threads while the pool finds

@@ -137,7 +137,7 @@ static int run_gpu(cuda_model *cm, float *logits)
         model_batch mb = {.n_tokens = PLAN[b], .tokens = tok, .positions = pos,
                           .n_out = PLAN[b], .out_rows = out,
                           .logits = logits + (size_t)at * N_VOCAB};
-        if ((rc = cuda_forward_batch(cm, 1, &s, &mb, NULL, err)) < 0)
+        if ((rc = cuda_forward_batch(cm, 1, &s, &mb, NULL, NULL, err)) < 0)
             fprintf(stderr, "gpu forward: %s\n", err);
         at += PLAN[b];
     }
@@ -214,8 +214,8 @@ static void test_batched_equals_alone(void)
             pos[i][t] = t;
         }
         model_batch pre = {.n_tokens = prefix[i], .tokens = tok[i], .positions = pos[i]};
-        CHECK_MSG(cuda_forward_batch(cm, 1, &together[i], &pre, NULL, err) == 0, "%s", err);
-        CHECK_MSG(cuda_forward_batch(cm, 1, &alone[i], &pre, NULL, err) == 0, "%s", err);
+        CHECK_MSG(cuda_forward_batch(cm, 1, &together[i], &pre, NULL, NULL, err) == 0, "%s", err);
+        CHECK_MSG(cuda_forward_batch(cm, 1, &alone[i], &pre, NULL, NULL, err) == 0, "%s", err);
         for (int o = 0; o < step[i]; o++)
             out[i][o] = o;
     }
@@ -227,14 +227,14 @@ static void test_batched_equals_alone(void)
                                  .out_rows = out[i], .logits = dst};
         dst += (size_t)step[i] * N_VOCAB;
     }
-    CHECK_MSG(cuda_forward_batch(cm, N_SEQ, together, steps, ids_t, err) == 0, "%s", err);
+    CHECK_MSG(cuda_forward_batch(cm, N_SEQ, together, steps, ids_t, NULL, err) == 0, "%s", err);
     double worst = 0;
     int k = 0;
     dst = lt;
     for (int i = 0; i < N_SEQ; i++) {
         model_batch one = steps[i];
         one.logits = la;
-        CHECK_MSG(cuda_forward_batch(cm, 1, &alone[i], &one, ids_a, err) == 0, "%s", err);
+        CHECK_MSG(cuda_forward_batch(cm, 1, &alone[i], &one, ids_a, NULL, err) == 0, "%s", err);
         double rel = model_check_max_rel(la, dst, (size_t)step[i] * N_VOCAB);
         worst = rel > worst ? rel : worst;
         for (int o = 0; o < step[i]; o++, k++)
@@ -279,17 +279,18 @@ static void test_host_tier_round_trip(void)
         pos[t] = t;
     }
     model_batch pre = {.n_tokens = 37, .tokens = tok, .positions = pos};
-    CHECK_MSG(cuda_forward_batch(cm, 1, &a, &pre, NULL, err) == 0, "%s", err);
+    CHECK_MSG(cuda_forward_batch(cm, 1, &a, &pre, NULL, NULL, err) == 0, "%s", err);
     CHECK_MSG(cuda_seq_to_host(a, 0, &host, err) == 0, "%s", err);
     CHECK_EQ(kv_seq_n_tokens(&host), 37);
+    /* the next step written through as it runs */
     model_batch more = {.n_tokens = 3, .tokens = tok + 37, .positions = pos + 37};
-    CHECK_MSG(cuda_forward_batch(cm, 1, &a, &more, NULL, err) == 0, "%s", err);
-    CHECK_MSG(cuda_seq_to_host(a, 37, &host, err) == 0, "%s", err);
+    kv_seq *hosts[] = {&host};
+    CHECK_MSG(cuda_forward_batch(cm, 1, &a, &more, NULL, hosts, err) == 0, "%s", err);
     CHECK_EQ(kv_seq_n_tokens(&host), 40);
     CHECK_EQ(host.chunks[2]->tokens[39 - 32], tok[39]);
     CHECK_EQ(host.chunks[2]->positions[39 - 32], 39);
 
-    CHECK_MSG(cuda_seq_from_host(b, &host, err) == 0, "%s", err);
+    CHECK_MSG(cuda_seq_from_host(b, &host, 0, err) == 0, "%s", err);
     CHECK_EQ(cuda_seq_n_tokens(b), 40);
     float *la = malloc(N_VOCAB * sizeof(float)), *lb = malloc(N_VOCAB * sizeof(float));
     float *lc = malloc(N_VOCAB * sizeof(float));
@@ -297,17 +298,24 @@ static void test_host_tier_round_trip(void)
     model_batch next = {.n_tokens = 1, .tokens = tok + 40, .positions = pos + 40, .n_out = 1,
                         .out_rows = &last};
     next.logits = la;
-    CHECK_MSG(cuda_forward_batch(cm, 1, &a, &next, NULL, err) == 0, "%s", err);
+    CHECK_MSG(cuda_forward_batch(cm, 1, &a, &next, NULL, NULL, err) == 0, "%s", err);
     next.logits = lb;
-    CHECK_MSG(cuda_forward_batch(cm, 1, &b, &next, NULL, err) == 0, "%s", err);
+    CHECK_MSG(cuda_forward_batch(cm, 1, &b, &next, NULL, NULL, err) == 0, "%s", err);
     CHECK(memcmp(la, lb, N_VOCAB * sizeof(float)) == 0);
+    /* brought up to date from entry 20 on: the same bits again */
+    cuda_seq_truncate(b, 20);
+    CHECK_MSG(cuda_seq_from_host(b, &host, 20, err) == 0, "%s", err);
+    CHECK_EQ(cuda_seq_n_tokens(b), 40);
+    next.logits = lc;
+    CHECK_MSG(cuda_forward_batch(cm, 1, &b, &next, NULL, NULL, err) == 0, "%s", err);
+    CHECK(memcmp(la, lc, N_VOCAB * sizeof(float)) == 0);
 
     for (int i = 0; i < host.n_chunks; i++)
         if (host.chunks[i]->n_tokens == KV_CHUNK_TOKENS)
             CHECK_MSG(kv_chunk_convert(pool, host.chunks[i], KV_INT8, err) == 0, "%s", err);
-    CHECK_MSG(cuda_seq_from_host(c, &host, err) == 0, "%s", err);
+    CHECK_MSG(cuda_seq_from_host(c, &host, 0, err) == 0, "%s", err);
     next.logits = lc;
-    CHECK_MSG(cuda_forward_batch(cm, 1, &c, &next, NULL, err) == 0, "%s", err);
+    CHECK_MSG(cuda_forward_batch(cm, 1, &c, &next, NULL, NULL, err) == 0, "%s", err);
     double rel = model_check_max_rel(la, lc, N_VOCAB);
     printf("# int8 chunks against f16: %.2e\n", rel);
     CHECK(rel > 0 && rel < TOL_QUANT);
@@ -400,7 +408,7 @@ static void test_docs_model(void)
     cuda_seq *s = cuda_seq_new(cm, err);
     CHECK(s);
     all.logits = lg;
-    CHECK_MSG(cuda_forward_batch(cm, 1, &s, &all, NULL, err) == 0, "%s", err);
+    CHECK_MSG(cuda_forward_batch(cm, 1, &s, &all, NULL, NULL, err) == 0, "%s", err);
     double ppl_c = exp(mean_nll(lc, ids, DOC_TOKENS, n_vocab));
     double ppl_g = exp(mean_nll(lg, ids, DOC_TOKENS, n_vocab));
     printf("# docs-lm-21M-Q8_0, %d held-out tokens: perplexity CPU %.4f, GPU %.4f (%.3f%%)\n",
@@ -430,7 +438,7 @@ static void test_docs_model(void)
         if (i > 0) {
             pg.tokens = cur_g;
         }
-        CHECK_MSG(cuda_forward_batch(cm, 1, &s, &pg, &gen_g[i], err) == 0, "%s", err);
+        CHECK_MSG(cuda_forward_batch(cm, 1, &s, &pg, &gen_g[i], NULL, err) == 0, "%s", err);
         if (diverged < 0 && gen_c[i] != gen_g[i])
             diverged = i;
         /* both continue from the CPU's choice, so that one divergence does not hide
@@ -486,17 +494,17 @@ static void test_refusals(void)
         pos[t] = t;
     }
     model_batch b = {.n_tokens = 12, .tokens = tok, .positions = pos};
-    CHECK(cuda_forward_batch(cm, 1, &s, &b, NULL, err) < 0); /* more rows than max_batch */
+    CHECK(cuda_forward_batch(cm, 1, &s, &b, NULL, NULL, err) < 0); /* more rows than max_batch */
     b.n_tokens = 8;
     tok[3] = N_VOCAB;
-    CHECK(cuda_forward_batch(cm, 1, &s, &b, NULL, err) < 0);
+    CHECK(cuda_forward_batch(cm, 1, &s, &b, NULL, NULL, err) < 0);
     CHECK_EQ(cuda_seq_n_tokens(s), 0);
     tok[3] = 3;
-    CHECK_MSG(cuda_forward_batch(cm, 1, &s, &b, NULL, err) == 0, "%s", err);
+    CHECK_MSG(cuda_forward_batch(cm, 1, &s, &b, NULL, NULL, err) == 0, "%s", err);
     b.positions = pos + 4;
-    CHECK_MSG(cuda_forward_batch(cm, 1, &s, &b, NULL, err) == 0, "%s", err);
+    CHECK_MSG(cuda_forward_batch(cm, 1, &s, &b, NULL, NULL, err) == 0, "%s", err);
     b.n_tokens = 1;
-    CHECK(cuda_forward_batch(cm, 1, &s, &b, NULL, err) < 0); /* past max_kv */
+    CHECK(cuda_forward_batch(cm, 1, &s, &b, NULL, NULL, err) < 0); /* past max_kv */
     CHECK_MSG(strstr(err, "exceed"), "%s", err);
     CHECK_EQ(cuda_seq_n_tokens(s), 16);
     cuda_seq_free(s);

@@ -121,7 +121,7 @@ static void installed_tree(void)
         PREFIX "/lib/pkgconfig/llmsclient.pc",   PREFIX "/lib/systemd/system/llmsd.service",
         PREFIX "/lib/systemd/system/llmsd.socket", PREFIX "/lib/sysusers.d/llmsd.conf",
         PREFIX "/lib/tmpfiles.d/llmsd.conf",     "/etc/llmsd/llmsd.conf",
-        PREFIX "/share/llmsd/http-tcp.conf"};
+        PREFIX "/share/llmsd/http-tcp.conf",     PREFIX "/share/llmsd/cuda.conf"};
     for (size_t i = 0; i < sizeof data / sizeof data[0]; i++) {
         long m = file_mode(data[i]);
         CHECK_MSG(m >= 0 && S_ISREG(m), "%s missing", data[i]);
@@ -383,6 +383,13 @@ static void units_verify(void)
              dir, at(PREFIX "/share/llmsd/http-tcp.conf"), dir, dir);
     rc = run_capture(cmd, out, sizeof out);
     CHECK_MSG(rc == 0 && out[0] == '\0', "systemd-analyze verify with http-tcp.conf (exit %d):\n%s",
+              rc, out);
+
+    fmt(cmd, sizeof cmd,
+             "cp '%s' '%s/llmsd.service.d/cuda.conf' && systemd-analyze verify '%s/llmsd.service'",
+             at(PREFIX "/share/llmsd/cuda.conf"), dir, dir);
+    rc = run_capture(cmd, out, sizeof out);
+    CHECK_MSG(rc == 0 && out[0] == '\0', "systemd-analyze verify with cuda.conf (exit %d):\n%s",
               rc, out);
 }
 
