@@ -466,6 +466,120 @@ static void test_docs_model(void)
     model_free(m);
 }
 
+/* A CPU runner moved to the GPU (model_runner_use_gpu): the plan's logits as the CPU
+ * path's, every entry in the host sequence, attention received as the CPU counts it; a
+ * host sequence cut back and continued differently brings the device copy back in line;
+ * a batch that asks for attention probabilities runs on the CPU, on the same sequence. */
+static void test_runner_on_gpu(void)
+{
+    if (!have_gpu())
+        return;
+    char err[ERR_MAX];
+    const char *path = make_model("qwen3", QTYPE_Q6_K, "runner");
+    model *m = path ? model_load(path, err) : NULL;
+    CHECK(m);
+    size_t n = (size_t)PLAN_ROWS * N_VOCAB;
+    float *cpu = malloc(n * sizeof(float)), *gpu = malloc(n * sizeof(float));
+    CHECK(cpu && gpu);
+    CHECK(run_cpu(m, cpu) == 0);
+
+    model_runner *r = model_runner_new(m, 2, MAX_ROWS, 256, err);
+    CHECK_MSG(r, "%s", err);
+    CHECK_MSG(model_runner_use_gpu(r, 0, err) == 0, "%s", err);
+    CHECK(model_runner_gpu_name(r) != NULL);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    CHECK(pool);
+    kv_seq seq;
+    kv_seq_init(&seq, pool);
+    int at = 0;
+    for (int b = 0; b < PLAN_N; b++) {
+        int32_t tok[MAX_ROWS], pos[MAX_ROWS], out[MAX_ROWS];
+        for (int t = 0; t < PLAN[b]; t++) {
+            tok[t] = plan_token(at + t);
+            pos[t] = at + t;
+            out[t] = t;
+        }
+        model_batch mb = {.n_tokens = PLAN[b], .tokens = tok, .positions = pos,
+                          .n_out = PLAN[b], .out_rows = out,
+                          .logits = gpu + (size_t)at * N_VOCAB};
+        CHECK_MSG(model_forward(r, &seq, &mb, err) == 0, "%s", err);
+        at += PLAN[b];
+        CHECK_EQ(kv_seq_n_tokens(&seq), at);
+    }
+    double rel = model_check_max_rel(cpu, gpu, n);
+    printf("# runner on the GPU against the CPU: %.2e\n", rel);
+    CHECK(rel < TOL_QUANT);
+
+    /* cut back to 30 and continued with other tokens: the copy follows the host */
+    kv_seq_truncate(&seq, 30);
+    int32_t tok2[8], pos2[8], last = 7;
+    for (int t = 0; t < 8; t++) {
+        tok2[t] = plan_token(100 + t);
+        pos2[t] = 30 + t;
+    }
+    float *received = calloc(64, sizeof(float)), *received_cpu = calloc(64, sizeof(float));
+    CHECK(received && received_cpu);
+    model_batch cont = {.n_tokens = 8, .tokens = tok2, .positions = pos2, .n_out = 1,
+                        .out_rows = &last, .logits = gpu, .attn_received = received};
+    CHECK_MSG(model_forward(r, &seq, &cont, err) == 0, "%s", err);
+
+    model_runner *rc = model_runner_new(m, 2, MAX_ROWS, 256, err);
+    CHECK(rc);
+    kv_seq ref;
+    kv_seq_init(&ref, pool);
+    int32_t tok3[38], pos3[38];
+    for (int t = 0; t < 38; t++) {
+        tok3[t] = t < 30 ? plan_token(t) : tok2[t - 30];
+        pos3[t] = t;
+    }
+    model_batch pre = {.n_tokens = 30, .tokens = tok3, .positions = pos3};
+    CHECK_MSG(model_forward(rc, &ref, &pre, err) == 0, "%s", err);
+    model_batch cont_cpu = cont;
+    cont_cpu.logits = cpu;
+    cont_cpu.attn_received = received_cpu;
+    CHECK_MSG(model_forward(rc, &ref, &cont_cpu, err) == 0, "%s", err);
+    rel = model_check_max_rel(cpu, gpu, N_VOCAB);
+    double recv_rel = model_check_max_rel(received_cpu, received, 38);
+    printf("# after a cut: logits %.2e, attention received %.2e\n", rel, recv_rel);
+    CHECK(rel < TOL_QUANT);
+    CHECK(recv_rel < TOL_QUANT);
+
+    /* attention probabilities: the CPU path, which appends to the same sequence */
+    float *attn = malloc((size_t)2 * 8 * 1 * 39 * sizeof(float));
+    CHECK(attn);
+    int32_t t1 = plan_token(200), p1 = 38, o1 = 0;
+    model_batch probe = {.n_tokens = 1, .tokens = &t1, .positions = &p1, .n_out = 1,
+                         .out_rows = &o1, .logits = gpu, .attn = attn};
+    CHECK_MSG(model_forward(r, &seq, &probe, err) == 0, "%s", err);
+    CHECK_EQ(kv_seq_n_tokens(&seq), 39);
+    /* and the next GPU step sees that entry */
+    int32_t t2 = plan_token(201), p2 = 39;
+    model_batch after = {.n_tokens = 1, .tokens = &t2, .positions = &p2, .n_out = 1,
+                         .out_rows = &o1, .logits = gpu};
+    CHECK_MSG(model_forward(r, &seq, &after, err) == 0, "%s", err);
+    model_batch probe_cpu = probe, after_cpu = after;
+    probe_cpu.attn = NULL;
+    probe_cpu.logits = cpu;
+    after_cpu.logits = cpu;
+    CHECK_MSG(model_forward(rc, &ref, &probe_cpu, err) == 0, "%s", err);
+    CHECK_MSG(model_forward(rc, &ref, &after_cpu, err) == 0, "%s", err);
+    rel = model_check_max_rel(cpu, gpu, N_VOCAB);
+    printf("# after a CPU step in between: %.2e\n", rel);
+    CHECK(rel < TOL_QUANT);
+
+    free(attn);
+    free(received);
+    free(received_cpu);
+    kv_seq_free(&ref);
+    kv_seq_free(&seq);
+    kv_pool_free(pool);
+    model_runner_free(rc);
+    model_runner_free(r);
+    free(cpu);
+    free(gpu);
+    model_free(m);
+}
+
 /* What the backend does not run is refused with a reason; a bad batch changes nothing. */
 static void test_refusals(void)
 {
@@ -517,6 +631,7 @@ int main(void)
     RUN(test_logits_match_cpu);
     RUN(test_batched_equals_alone);
     RUN(test_host_tier_round_trip);
+    RUN(test_runner_on_gpu);
     RUN(test_docs_model);
     RUN(test_refusals);
     return test_finish();
