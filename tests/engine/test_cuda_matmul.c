@@ -24,8 +24,9 @@ static float random_float(uint64_t *state, float scale)
     return scale * ((float)(test_random(state) >> 40) * 0x1p-23f - 1.0f);
 }
 
-/* n_rows rows of n random values (each row its own scale, so K-quant scales vary),
- * quantized to type t: (n_rows, quant_row_bytes(t, n)), malloc'd. */
+/* n_rows rows of n random values, quantized to type t: (n_rows, quant_row_bytes(t, n)),
+ * malloc'd. Each row has its own scale, and each 32 elements their own spread and offset,
+ * so that K-quant sub-blocks get scales and mins of every size (all 6 bits in use). */
 static uint8_t *random_rows(uint32_t t, int64_t n, int64_t n_rows, uint64_t *state)
 {
     size_t row_bytes = quant_row_bytes(t, n);
@@ -38,8 +39,12 @@ static uint8_t *random_rows(uint32_t t, int64_t n, int64_t n_rows, uint64_t *sta
     }
     for (int64_t r = 0; r < n_rows; r++) {
         float scale = 0.25f + (float)(r % 7);
-        for (int64_t i = 0; i < n; i++)
-            f[i] = random_float(state, scale);
+        for (int64_t i = 0; i < n; i++) {
+            int64_t sub = i / 32;
+            float spread = (float)(1 + (sub * 5 + r) % 9) / 9.0f;
+            float offset = (float)((sub * 3 + r) % 7 - 3) / 4.0f;
+            f[i] = scale * (offset + random_float(state, spread));
+        }
         quant_quantize_row(t, f, q + (size_t)r * row_bytes, n);
     }
     free(f);
