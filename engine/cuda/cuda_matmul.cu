@@ -3,7 +3,9 @@
  *
  * Every kernel works in "octs": 8 consecutive elements of a row, which never straddle a
  * block, a K-quant sub-block or a Q6_K scale group (all multiples of 8 elements), so one
- * scale lookup serves 8 weights. dequant8 turns an oct into floats; it runs on the host
+ * scale lookup serves 8 weights. dequant8 turns an oct into floats, exactly as the
+ * engine's dequantizers do (the quants extracted a 64-bit word at a time, turned into
+ * floats without integer conversions, see byte_minus); it runs on the host
  * too (cuda_matmul_host_check), which lets the tests compare its bit layouts with the
  * engine's scalar dequantizers on a machine without a GPU.
  *
@@ -114,10 +116,34 @@ __host__ __device__ inline float bf16_to_f32(uint16_t h)
     return f;
 }
 
-/* Byte i of v. */
+/* Byte i of v (the K-quant scales' bytes). */
 __host__ __device__ inline int byte_of(uint64_t v, int i)
 {
     return (int)((v >> (8 * i)) & 0xff);
+}
+
+/*
+ * Byte i of word, less bias, as a float, exactly. On the device without an integer
+ * conversion (whose throughput, a quarter of an FMA's, would bound the 4-bit kernels):
+ * the byte is placed in the mantissa of 2^23 by a byte permutation, and 2^23 + bias
+ * subtracted, exact for integers this small.
+ */
+__host__ __device__ inline float byte_minus(uint32_t word, int i, float bias)
+{
+    /* result bytes: word's byte i, 0, 0, 0x4B (bytes 4..7 are 0x4B000000's) */
+    uint32_t selector = 0x7440u | (uint32_t)i;
+#ifdef __CUDA_ARCH__
+    uint32_t bits = __byte_perm(word, 0x4B000000u, selector);
+#else
+    /* the permutation as the device does it, so that the host check tests the selector */
+    uint64_t pool = (uint64_t)0x4B000000u << 32 | word;
+    uint32_t bits = 0;
+    for (int k = 0; k < 4; k++)
+        bits |= (uint32_t)((pool >> (8 * ((selector >> (4 * k)) & 7))) & 0xff) << (8 * k);
+#endif
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f - (8388608.0f + bias);
 }
 
 /* Sub-block j's 6-bit scale and min of a Q4_K / Q5_K super-block whose 12 scale bytes are
@@ -171,18 +197,19 @@ __host__ __device__ inline void dequant8(const uint8_t *row, int64_t e, float w[
         const uint8_t *blk = row + (e / QK_32) * Q8_0_BYTES;
         int o = (int)(e % QK_32);
         float d = f16_to_f32(ld_u16(blk));
-        uint64_t q = ld_8_a2(blk + 2 + o);
+        uint64_t q = ld_8_a2(blk + 2 + o) ^ 0x8080808080808080u; /* int8 + 128 */
+        uint32_t v[2] = {(uint32_t)q, (uint32_t)(q >> 32)};
         for (int i = 0; i < OCT; i++)
-            w[i] = d * (float)(int8_t)byte_of(q, i);
+            w[i] = d * byte_minus(v[i / 4], i % 4, 128.0f);
     } else if constexpr (T == QTYPE_Q4_0) {
         /* element j < 16: low nibble of qs[j]; j >= 16: high nibble of qs[j - 16] */
         const uint8_t *blk = row + (e / QK_32) * Q4_0_BYTES;
         int o = (int)(e % QK_32);
         float d = f16_to_f32(ld_u16(blk));
-        uint64_t q = ld_8_a2(blk + 2 + (o & 15));
-        int shift = o < 16 ? 0 : 4;
+        uint64_t q = ld_8_a2(blk + 2 + (o & 15)) >> (o < 16 ? 0 : 4) & 0x0F0F0F0F0F0F0F0Fu;
+        uint32_t v[2] = {(uint32_t)q, (uint32_t)(q >> 32)};
         for (int i = 0; i < OCT; i++)
-            w[i] = d * (float)(((byte_of(q, i) >> shift) & 0xF) - 8);
+            w[i] = d * byte_minus(v[i / 4], i % 4, 8.0f);
     } else if constexpr (T == QTYPE_Q4_K || T == QTYPE_Q5_K) {
         /* sub-block j = o / 32 of group g = j / 2: qs[32 g + l], the low nibble for even j,
          * the high one for odd j; Q5_K's fifth bit is bit j of qh[l] */
@@ -196,17 +223,13 @@ __host__ __device__ inline void dequant8(const uint8_t *row, int64_t e, float w[
         k_scale_min(s, j, &sc, &m);
         float d1 = f16_to_f32((uint16_t)(dm & 0xffff)) * (float)sc;
         float m1 = f16_to_f32((uint16_t)(dm >> 16)) * (float)m;
-        uint64_t q = ld_u64(blk + qs_at + 32 * (j / 2) + l);
-        int shift = 4 * (j & 1);
-        uint64_t qh = 0;
+        uint64_t q = ld_u64(blk + qs_at + 32 * (j / 2) + l) >> (4 * (j & 1)) &
+                     0x0F0F0F0F0F0F0F0Fu;
         if constexpr (T == QTYPE_Q5_K)
-            qh = ld_u64(blk + 16 + l);
-        for (int i = 0; i < OCT; i++) {
-            int v = (byte_of(q, i) >> shift) & 0xF;
-            if constexpr (T == QTYPE_Q5_K)
-                v |= ((byte_of(qh, i) >> j) & 1) << 4;
-            w[i] = d1 * (float)v - m1;
-        }
+            q |= (ld_u64(blk + 16 + l) >> j & 0x0101010101010101u) << 4;
+        uint32_t v[2] = {(uint32_t)q, (uint32_t)(q >> 32)};
+        for (int i = 0; i < OCT; i++)
+            w[i] = d1 * byte_minus(v[i / 4], i % 4, 0.0f) - m1;
     } else if constexpr (T == QTYPE_Q6_K) {
         /* half h = o / 128, quarter k = (o / 32) % 4, l = o % 32: low 4 bits in
          * ql[64 h + 32 (k & 1) + l] (the high nibble for k >= 2), high 2 at bits 2 k of
@@ -218,11 +241,11 @@ __host__ __device__ inline void dequant8(const uint8_t *row, int64_t e, float w[
         int sc = (int8_t)(ld_u16(blk + 192 + ((8 * h + 2 * k + l / 16) & ~1)) >>
                           (8 * ((l / 16) & 1)));
         float d = f16_to_f32(ld_u16(blk + 208)) * (float)sc;
-        int lshift = 4 * (k >> 1), hshift = 2 * k;
-        for (int i = 0; i < OCT; i++) {
-            int v = ((byte_of(ql, i) >> lshift) & 0xF) | ((byte_of(qh, i) >> hshift) & 3) << 4;
-            w[i] = d * (float)(v - 32);
-        }
+        uint64_t q = (ql >> (4 * (k >> 1)) & 0x0F0F0F0F0F0F0F0Fu) |
+                     (qh >> (2 * k) & 0x0303030303030303u) << 4;
+        uint32_t v[2] = {(uint32_t)q, (uint32_t)(q >> 32)};
+        for (int i = 0; i < OCT; i++)
+            w[i] = d * byte_minus(v[i / 4], i % 4, 32.0f);
     }
 }
 
