@@ -263,9 +263,13 @@ __device__ inline void fma_oct(const float w[OCT], const float *__restrict__ x, 
     }
 }
 
-/* Steps unrolled per loop trip: enough loads in flight at one column, registers kept in
- * bounds at eight. */
-template <int NC> __host__ __device__ constexpr int unroll_steps() { return NC <= 2 ? 4 : 2; }
+/* Steps unrolled per loop trip: enough loads in flight at one or two columns; fewer at
+ * more, where each weight byte is used for many activations (and ptxas spilled the
+ * K-quants' eight-column kernels at two). */
+template <int NC> __host__ __device__ constexpr int unroll_steps()
+{
+    return NC <= 2 ? 4 : NC <= 5 ? 2 : 1;
+}
 
 template <uint32_t T, int NC>
 __global__ void __launch_bounds__(ROWS_PER_BLOCK *WARP)
