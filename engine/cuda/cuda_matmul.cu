@@ -221,8 +221,8 @@ __host__ __device__ inline void dequant8(const uint8_t *row, int64_t e, float w[
         uint32_t s[3] = {ld_u32(blk + 4), ld_u32(blk + 8), ld_u32(blk + 12)};
         int sc, m;
         k_scale_min(s, j, &sc, &m);
-        float d1 = f16_to_f32((uint16_t)(dm & 0xffff)) * (float)sc;
-        float m1 = f16_to_f32((uint16_t)(dm >> 16)) * (float)m;
+        float d1 = f16_to_f32((uint16_t)(dm & 0xffff)) * byte_minus((uint32_t)sc, 0, 0.0f);
+        float m1 = f16_to_f32((uint16_t)(dm >> 16)) * byte_minus((uint32_t)m, 0, 0.0f);
         uint64_t q = ld_u64(blk + qs_at + 32 * (j / 2) + l) >> (4 * (j & 1)) &
                      0x0F0F0F0F0F0F0F0Fu;
         if constexpr (T == QTYPE_Q5_K)
@@ -238,9 +238,8 @@ __host__ __device__ inline void dequant8(const uint8_t *row, int64_t e, float w[
         int o = (int)(e % QK_256), h = o / 128, k = (o / 32) % 4, l = o % 32;
         uint64_t ql = ld_8_a2_uniform(blk + 64 * h + 32 * (k & 1) + l);
         uint64_t qh = ld_8_a2_uniform(blk + 128 + 32 * h + l);
-        int sc = (int8_t)(ld_u16(blk + 192 + ((8 * h + 2 * k + l / 16) & ~1)) >>
-                          (8 * ((l / 16) & 1)));
-        float d = f16_to_f32(ld_u16(blk + 208)) * (float)sc;
+        uint32_t sc = ld_u16(blk + 192 + 8 * h + 2 * k) >> (8 * (l / 16)); /* int8 */
+        float d = f16_to_f32(ld_u16(blk + 208)) * byte_minus(sc ^ 0x80, 0, 128.0f);
         uint64_t q = (ql >> (4 * (k >> 1)) & 0x0F0F0F0F0F0F0F0Fu) |
                      (qh >> (2 * k) & 0x0303030303030303u) << 4;
         uint32_t v[2] = {(uint32_t)q, (uint32_t)(q >> 32)};
