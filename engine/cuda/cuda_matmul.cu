@@ -262,16 +262,18 @@ __device__ inline void fma_oct(const float w[OCT], const float *__restrict__ x, 
     }
 }
 
-/* Steps unrolled per loop trip: enough loads in flight at one or two columns; fewer at
- * more, where each weight byte is used for many activations (and ptxas spilled the
- * K-quants' eight-column kernels at two). */
+/* Steps unrolled per loop trip: enough loads in flight at one or two columns, fewer
+ * registers at more (where each weight byte serves several activation rows' FMAs). */
 template <int NC> __host__ __device__ constexpr int unroll_steps()
 {
-    return NC <= 2 ? 4 : NC <= 5 ? 2 : 1;
+    return NC <= 2 ? 4 : 2;
 }
 
+/* No __launch_bounds__: with it (128 threads) ptxas capped some kernels near 48
+ * registers and spilled; without, none uses more than 76 and none spills. */
+
 template <uint32_t T, int NC>
-__global__ void __launch_bounds__(ROWS_PER_BLOCK *WARP)
+__global__ void
     matvec_kernel(const uint8_t *__restrict__ w, size_t row_bytes, int64_t n_in, int64_t n_out,
                   const float *__restrict__ x, float *__restrict__ y, bool accumulate)
 {
