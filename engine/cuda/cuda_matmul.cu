@@ -90,13 +90,22 @@ __host__ __device__ inline uint64_t ld_8_a2(const uint8_t *p)
            (uint64_t)ld_u16(p + 4) << 32 | (uint64_t)ld_u16(p + 6) << 48;
 }
 
-/* 8 bytes at a 2-byte aligned address that is 4-byte aligned for every lane of a warp or
- * for none (Q6_K: a warp step stays in one super-block). */
-__host__ __device__ inline uint64_t ld_8_a2_uniform(const uint8_t *p)
+/* 8 bytes at a 2-byte aligned address p, read as the three 4-byte words from p rounded
+ * down to 4 (so up to 4 bytes past p + 8 are read: callers keep them within the block)
+ * and shifted into place: no branch on the alignment, so the loads of several steps can
+ * be in flight together (Q6_K's super-blocks alternate between the two alignments). */
+__host__ __device__ inline uint64_t ld_8_a2_words(const uint8_t *p)
 {
-    if (((uintptr_t)p & 3) == 0)
-        return (uint64_t)ld_u32(p) | (uint64_t)ld_u32(p + 4) << 32;
-    return ld_8_a2(p);
+    const uint8_t *a = p - ((uintptr_t)p & 3);
+    uint32_t w0 = ld_u32(a), w1 = ld_u32(a + 4), w2 = ld_u32(a + 8);
+    uint32_t shift = 8 * (uint32_t)((uintptr_t)p & 3);
+#ifdef __CUDA_ARCH__
+    uint32_t lo = __funnelshift_r(w0, w1, shift), hi = __funnelshift_r(w1, w2, shift);
+#else
+    uint32_t lo = (uint32_t)(((uint64_t)w1 << 32 | w0) >> shift);
+    uint32_t hi = (uint32_t)(((uint64_t)w2 << 32 | w1) >> shift);
+#endif
+    return (uint64_t)hi << 32 | lo;
 }
 
 __host__ __device__ inline float f16_to_f32(uint16_t h)
@@ -236,8 +245,9 @@ __host__ __device__ inline void dequant8(const uint8_t *row, int64_t e, float w[
          * qh[32 h + l], scale scales[8 h + 2 k + l / 16] */
         const uint8_t *blk = row + (e / QK_256) * Q6_K_BYTES;
         int o = (int)(e % QK_256), h = o / 128, k = (o / 32) % 4, l = o % 32;
-        uint64_t ql = ld_8_a2_uniform(blk + 64 * h + 32 * (k & 1) + l);
-        uint64_t qh = ld_8_a2_uniform(blk + 128 + 32 * h + l);
+        /* the words read past ql's and qh's 8 bytes are still the block's (qh, scales) */
+        uint64_t ql = ld_8_a2_words(blk + 64 * h + 32 * (k & 1) + l);
+        uint64_t qh = ld_8_a2_words(blk + 128 + 32 * h + l);
         uint32_t sc = ld_u16(blk + 192 + 8 * h + 2 * k) >> (8 * (l / 16)); /* int8 */
         float d = f16_to_f32(ld_u16(blk + 208)) * byte_minus(sc ^ 0x80, 0, 128.0f);
         uint64_t q = (ql >> (4 * (k >> 1)) & 0x0F0F0F0F0F0F0F0Fu) |
