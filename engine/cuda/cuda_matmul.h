@@ -39,9 +39,9 @@ bool cuda_matmul_type_supported(uint32_t type);
  * y (n_cols, n_out) = x (n_cols, n_in) . W^T, or y += that when accumulate: each output
  * the dot product of a weight row with an activation row, in f32, for 1 <= n_cols <=
  * CUDA_MATVEC_MAX_COLS. x and y are device memory, rows contiguous (x's stride n_in, y's
- * n_out), and must not overlap; x 16-byte aligned (rows are read as float4). Enqueued on stream; returns the launch's error
- * (cudaSuccess, or cudaErrorInvalidValue for an unsupported type or n_cols, or a matrix
- * or pointer the comments here rule out).
+ * n_out), and must not overlap; x 16-byte aligned (rows are read as float4). Enqueued
+ * on stream; returns the launch's error (cudaSuccess, or cudaErrorInvalidValue for an
+ * unsupported type or n_cols, or a matrix or pointer the comments here rule out).
  */
 cudaError_t cuda_matvec(const cuda_weight *w, const float *x, int n_cols, float *y,
                         bool accumulate, cudaStream_t stream);
