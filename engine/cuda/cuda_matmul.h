@@ -29,7 +29,7 @@ typedef struct cuda_weight {
     int64_t n_in;      /* elements per row (ne0), a multiple of the type's block and of 8 */
     int64_t n_out;     /* rows (ne1) */
     size_t row_bytes;  /* quant_row_bytes(type, n_in) */
-    const void *data;  /* device memory, 16-byte aligned: (n_out, row_bytes) as in the file */
+    const void *data;  /* device memory (16-byte aligned): (n_out, row_bytes) as stored */
 } cuda_weight;
 
 /* Whether the kernels compute weights of GGUF type t. */
