@@ -308,8 +308,9 @@ static bool check_case(uint32_t t, int64_t n_in, int64_t n_out, int64_t n_distin
                     ms[j - 1] = s;
                 }
             double sec = ms[RUNS / 2] * 1e-3;
-            printf("bandwidth: cuda_matvec %-4s %5lld x %5lld n_cols=1: %8.1f us %7.0f GB/s\n", name,
-                   (long long)n_out, (long long)n_in, sec * 1e6, (double)w_bytes / sec / 1e9);
+            printf("bandwidth: cuda_matvec %-4s %5lld x %5lld n_cols=1: %8.1f us %7.0f GB/s\n",
+                   name, (long long)n_out, (long long)n_in, sec * 1e6,
+                   (double)w_bytes / sec / 1e9);
         }
     }
     free_case(&b);
