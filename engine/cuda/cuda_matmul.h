@@ -26,10 +26,10 @@ extern "C" {
 
 typedef struct cuda_weight {
     uint32_t type;     /* GGUF type: F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K or Q6_K */
-    int64_t n_in;      /* elements per row (ne0), a multiple of the type's block */
+    int64_t n_in;      /* elements per row (ne0), a multiple of the type's block and of 8 */
     int64_t n_out;     /* rows (ne1) */
     size_t row_bytes;  /* quant_row_bytes(type, n_in) */
-    const void *data;  /* device memory: (n_out, row_bytes) as in the file */
+    const void *data;  /* device memory (16-byte aligned): (n_out, row_bytes) as stored */
 } cuda_weight;
 
 /* Whether the kernels compute weights of GGUF type t. */
@@ -39,15 +39,21 @@ bool cuda_matmul_type_supported(uint32_t type);
  * y (n_cols, n_out) = x (n_cols, n_in) . W^T, or y += that when accumulate: each output
  * the dot product of a weight row with an activation row, in f32, for 1 <= n_cols <=
  * CUDA_MATVEC_MAX_COLS. x and y are device memory, rows contiguous (x's stride n_in, y's
- * n_out), and must not overlap. Enqueued on stream; returns the launch's error
- * (cudaSuccess, or cudaErrorInvalidValue for an unsupported type or n_cols).
+ * n_out), and must not overlap; x 16-byte aligned (rows are read as float4). Enqueued
+ * on stream; returns the launch's error (cudaSuccess, or cudaErrorInvalidValue for an
+ * unsupported type or n_cols, or a matrix or pointer the comments here rule out).
  */
 cudaError_t cuda_matvec(const cuda_weight *w, const float *x, int n_cols, float *y,
                         bool accumulate, cudaStream_t stream);
 
-/* dst (n_out, n_in) f16 (IEEE binary16 bits, device memory): W dequantized, for a GEMM.
- * Enqueued on stream; the launch's error. */
+/* dst (n_out, n_in) f16 (IEEE binary16 bits, device memory, 16-byte aligned): W
+ * dequantized, for a GEMM. Enqueued on stream; the launch's error. */
 cudaError_t cuda_dequantize_f16(const cuda_weight *w, uint16_t *dst, cudaStream_t stream);
+
+/* Test hook: out (n) = a row of type `type` in host memory dequantized on the host by the
+ * kernels' own per-block code (so the tests check its bit layouts without a GPU). False
+ * for an unsupported type or an n the kernels do not take. */
+bool cuda_matmul_host_check(uint32_t type, const void *row, int64_t n, float *out);
 
 #ifdef __cplusplus
 }
