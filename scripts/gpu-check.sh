@@ -1,8 +1,9 @@
 #!/bin/sh
 # scripts/gpu-check.sh OUTDIR — the CUDA backend's checks on a machine with a GPU, in one
 # run, with every result written under OUTDIR: the device (nvidia-smi), the build, the CUDA
-# tests (tests/engine/test_cuda_matmul, tests/engine/test_cuda) and the benchmark
-# (build/cuda/bench/engine --device cuda: JSON lines in OUTDIR/bench.json).
+# tests (tests/engine/test_cuda_matmul, tests/engine/test_cuda, tests/integration/
+# test_device) and the benchmark (build/cuda/bench/engine --device cuda: JSON lines in
+# OUTDIR/bench.json).
 #
 # It builds with make CUDA=1 unless build/cuda already holds the programs: a GPU machine
 # without the build packages runs programs built on a development machine with the same
@@ -24,6 +25,12 @@ if [ -n "${LLMS_GPU_LIBS:-}" ]; then
     LD_LIBRARY_PATH="$LLMS_GPU_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     export LD_LIBRARY_PATH
 fi
+# cuBLAS where the toolkit is not at the rpath's /usr/local/cuda
+if ! ldconfig -p 2>/dev/null | grep -q libcublas.so.13 && [ ! -e /usr/local/cuda/lib64/libcublas.so.13 ]; then
+    lib=$(find / -name 'libcublas.so.13' -not -path '/proc/*' 2>/dev/null | head -1)
+    [ -n "$lib" ] && LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export LD_LIBRARY_PATH
+fi
 if [ ! -x build/cuda/tests/engine/test_cuda ]; then
     say "building (make CUDA=1)"
     if ! make CUDA=1 -j"$(nproc)" all tests >"$out/build.log" 2>&1; then
@@ -35,11 +42,11 @@ fi
 [ -x build/mkmodel ] || ln -sf cuda/mkmodel build/mkmodel
 
 status=0
-for t in test_cuda_matmul test_cuda; do
+for t in engine/test_cuda_matmul engine/test_cuda integration/test_device; do
     say "$t"
-    timeout 300 "build/cuda/tests/engine/$t" >"$out/$t.log" 2>&1
+    timeout 300 "build/cuda/tests/$t" >"$out/${t#*/}.log" 2>&1
     rc=$?
-    grep -E '^(#|  (ok|FAIL|skip))' "$out/$t.log" | tail -60
+    grep -E '^(#|  |bandwidth)' "$out/${t#*/}.log" | tail -80
     [ $rc -eq 0 ] || { say "$t failed (exit $rc)"; status=1; }
 done
 
