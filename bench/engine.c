@@ -45,8 +45,10 @@
  * step one forward of all of them with only the ids crossing the bus. The device's read
  * bandwidth is measured in the same process (cuda_read_bandwidth); each line reports
  * the decode's share of the bound that bandwidth sets (weight bytes / bandwidth per
- * step), the prefill's effective TFLOP/s (2 x weights x tokens / time) and, for wider
- * batches, the speed-up over batch 1. One JSON object per model and batch.
+ * step), batch 1's speed-up from replaying CUDA graphs over launching each kernel (the
+ * same decode run both ways), the prefill's effective TFLOP/s (2 x weights x tokens /
+ * time) and, for wider batches, the speed-up over batch 1. One JSON object per model and
+ * batch.
  *
  * Prints one JSON object per model and load mode with the median of the runs. --load
  * picks how the weights come into memory (engine/gguf/gguf.h): mapped from the file (map, the
@@ -494,7 +496,7 @@ static int bench_model_cuda(const char *path, const bench_options *o)
         tokens[i] = 3 + rand() % (hp->n_vocab - 3);
         positions[i] = i;
     }
-    double prefill[MAX_RUNS], decode[CUDA_BATCHES][MAX_RUNS];
+    double prefill[MAX_RUNS], decode[CUDA_BATCHES][MAX_RUNS], decode_launched[MAX_RUNS];
     /* one run's worth first: cuBLAS picks its kernels and the clocks rise */
     for (int run = -1; run < o->n_runs; run++) {
         int32_t last = o->n_prompt - 1, id;
@@ -517,6 +519,16 @@ static int bench_model_cuda(const char *path, const bench_options *o)
             if (run >= 0)
                 decode[k][run] = (double)cuda_batches[k] * o->n_gen / (bench_now_s() - t0);
         }
+        /* the baseline of the graphs: batch 1 with every kernel launched by itself */
+        cuda_model_use_graphs(cm, false);
+        t0 = bench_now_s();
+        if (cuda_decode_batch(cm, seqs, 1, o->n_gen, hp->n_vocab, err) < 0) {
+            fprintf(stderr, "engine: decode: %s\n", err);
+            goto out;
+        }
+        if (run >= 0)
+            decode_launched[run] = o->n_gen / (bench_now_s() - t0);
+        cuda_model_use_graphs(cm, true);
     }
     /* every matrix's weights, what one decode step reads: the embedding only when the
      * output is tied to it (its rows are looked up on the host otherwise) */
@@ -543,10 +555,13 @@ static int bench_model_cuda(const char *path, const bench_options *o)
                cuda_model_device_name(cm), path, model_weight_type(m), hp->dim, hp->n_layer,
                o->n_runs, weight_bytes / 1048576.0, gb_s, cuda_batches[k], o->n_gen, dec);
         if (k == 0)
-            printf(",\"bound_tok_s\":%.1f,\"decode_share_of_bound\":%.3f,\"prompt_tokens\":%d,"
-                   "\"prefill_tok_s\":%.1f,\"prefill_tflop_s\":%.1f",
-                   gb_s * 1e9 / weight_bytes, dec * weight_bytes / (gb_s * 1e9), o->n_prompt,
-                   prefill_med, 2 * params * prefill_med / 1e12);
+            printf(",\"bound_tok_s\":%.1f,\"decode_share_of_bound\":%.3f,"
+                   "\"decode_tok_s_without_graphs\":%.1f,\"graphs_speedup\":%.2f,"
+                   "\"prompt_tokens\":%d,\"prefill_tok_s\":%.1f,\"prefill_tflop_s\":%.1f",
+                   gb_s * 1e9 / weight_bytes, dec * weight_bytes / (gb_s * 1e9),
+                   bench_median(decode_launched, o->n_runs),
+                   dec / bench_median(decode_launched, o->n_runs), o->n_prompt, prefill_med,
+                   2 * params * prefill_med / 1e12);
         else
             printf(",\"speedup_over_batch1\":%.2f", dec / dec1);
         printf("}\n");

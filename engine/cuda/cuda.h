@@ -72,6 +72,11 @@ size_t cuda_model_weight_bytes(const cuda_model *cm);
 int cuda_model_max_kv(const cuda_model *cm);
 int cuda_model_max_batch(const cuda_model *cm);
 
+/* Steps of up to 64 rows replay their layers' kernels as a CUDA graph, captured at the
+ * first step of each row count (on by default); off, every kernel is launched by itself
+ * (what bench/engine compares them with). */
+void cuda_model_use_graphs(cuda_model *cm, bool on);
+
 /* An empty sequence: max_kv entries of K and V for every layer in device memory
  * (n_layer * max_kv * n_head_kv * head_dim * 4 bytes). NULL + err when it does not fit. */
 cuda_seq *cuda_seq_new(cuda_model *cm, char err[ERR_MAX]);

@@ -21,11 +21,22 @@
 #include "engine/cuda/cuda_ops.h"
 #include "engine/quant/quant.h"
 
-/* Rows from which a product with quantized weights dequantizes the matrix to f16 for
- * cuBLAS instead of reading it once per CUDA_MATVEC_MAX_COLS rows: the f16 copy costs
- * about 4.5 bytes a weight against 0.5-1.1 for one pass of a 4- or 8-bit matrix. Float
- * weights go to cuBLAS from CUDA_MATVEC_MAX_COLS + 1 rows. */
-#define CUDA_GEMM_MIN_ROWS_QUANT 33
+/* Steps of up to this many rows run their layers as a CUDA graph, captured at the first
+ * step of each row count and replayed after: a TinyLlama-shaped decode step is ~370
+ * kernel launches, whose launch costs alone outweigh reading the weights at batch 1. */
+#define CUDA_GRAPH_MAX_ROWS 64
+/* Graphs kept (the least recently used is destroyed for a new one). */
+#define CUDA_GRAPHS_MAX 32
+/* cuBLAS's own workspace: set by us, so that captured products allocate nothing. */
+#define CUDA_BLAS_WORKSPACE ((size_t)32 << 20)
+
+/* The layers of a step of n_rows rows (with the step's K/V copied out or not). */
+typedef struct cuda_graph {
+    int n_rows;
+    bool write_through;
+    cudaGraphExec_t exec;
+    uint64_t used;
+} cuda_graph;
 
 typedef struct cuda_layer {
     const float *attn_norm; /* (dim) */
@@ -77,6 +88,11 @@ struct cuda_model {
                                                 (max_batch, rope_dims), rows (max_batch)
                                                 and out (max_batch) int32 */
     int32_t *argmax_host;     /* (max_batch) pinned */
+    void *blas_workspace;     /* (CUDA_BLAS_WORKSPACE) device */
+    bool graphs_on;           /* cuda_model_use_graphs */
+    cuda_graph graphs[CUDA_GRAPHS_MAX];
+    int n_graphs;
+    uint64_t n_steps;
     float *recv_host;         /* (max_kv) pinned: a sequence's attention received */
 
     /* The host tier's staging, pinned: (n_layer, stage_entries, kv_dim) halves of K, then
@@ -396,6 +412,10 @@ static int cuda_model_init(cuda_model *cm, char err[ERR_MAX])
     }
     if ((st = cublasSetStream(cm->blas, cm->stream)) != CUBLAS_STATUS_SUCCESS)
         return cuda_blas_fail(st, "cuBLAS stream", err);
+    CUDA_TRY(cudaMalloc(&cm->blas_workspace, CUDA_BLAS_WORKSPACE), "cuBLAS workspace");
+    if ((st = cublasSetWorkspace(cm->blas, cm->blas_workspace, CUDA_BLAS_WORKSPACE)) !=
+        CUBLAS_STATUS_SUCCESS)
+        return cuda_blas_fail(st, "cuBLAS workspace", err);
 
     size_t w_half_elems;
     if (cuda_check_matrices(cm->m, &w_half_elems, err) < 0)
@@ -447,6 +467,7 @@ cuda_model *cuda_model_new(const model *m, int device, int max_batch, int max_kv
     cm->q_dim = cm->hp.n_head * cm->hp.head_dim;
     cm->kv_dim = cm->hp.n_head_kv * cm->hp.head_dim;
     cm->tok_embd = model_token_embedding(m);
+    cm->graphs_on = true;
     cm->rope_freqs = model_rope_freqs(m);
     if (cuda_model_init(cm, err) < 0) {
         cuda_model_free(cm);
@@ -460,8 +481,11 @@ void cuda_model_free(cuda_model *cm)
     if (!cm)
         return;
     cudaSetDevice(cm->device);
+    for (int i = 0; i < cm->n_graphs; i++)
+        cudaGraphExecDestroy(cm->graphs[i].exec);
     if (cm->blas)
         cublasDestroy(cm->blas);
+    cudaFree(cm->blas_workspace);
     if (cm->stream)
         cudaStreamDestroy(cm->stream);
     cudaFree(cm->weights);
@@ -494,6 +518,11 @@ int cuda_model_max_kv(const cuda_model *cm)
 int cuda_model_max_batch(const cuda_model *cm)
 {
     return cm->max_batch;
+}
+
+void cuda_model_use_graphs(cuda_model *cm, bool on)
+{
+    cm->graphs_on = on;
 }
 
 /* ---- sequences ---- */
@@ -567,8 +596,8 @@ static int cuda_matmul(cuda_model *cm, const cuda_weight *w, const float *x, int
 {
     bool float_weights =
         w->type == QTYPE_F32 || w->type == QTYPE_F16 || w->type == QTYPE_BF16;
-    int gemm_min = float_weights ? CUDA_MATVEC_MAX_COLS + 1 : CUDA_GEMM_MIN_ROWS_QUANT;
-    if (n < gemm_min) {
+    (void)float_weights;
+    if (n <= CUDA_MATVEC_MAX_COLS) {
         for (int c = 0; c < n; c += CUDA_MATVEC_MAX_COLS) {
             int cols = n - c < CUDA_MATVEC_MAX_COLS ? n - c : CUDA_MATVEC_MAX_COLS;
             CUDA_TRY(cuda_matvec(w, x + (size_t)c * w->n_in, cols, y + (size_t)c * w->n_out,
@@ -787,6 +816,67 @@ static int cuda_layer_forward(cuda_model *cm, int l, int n, bool write_through,
     return cuda_matmul(cm, &L->w_down, cm->gate, n, cm->x, true, err);
 }
 
+static int cuda_layers_launched(cuda_model *cm, int n, bool write_through, char err[ERR_MAX])
+{
+    for (int l = 0; l < cm->hp.n_layer; l++)
+        if (cuda_layer_forward(cm, l, n, write_through, err) < 0)
+            return -1;
+    return 0;
+}
+
+/* A new graph of the layers for n rows, in place of the least recently used when all
+ * slots are taken. */
+static cuda_graph *cuda_capture(cuda_model *cm, int n, bool write_through, char err[ERR_MAX])
+{
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    cudaError_t e = cudaStreamBeginCapture(cm->stream, cudaStreamCaptureModeThreadLocal);
+    if (e != cudaSuccess) {
+        cuda_fail(e, "graph capture", err);
+        return NULL;
+    }
+    int rc = cuda_layers_launched(cm, n, write_through, err);
+    e = cudaStreamEndCapture(cm->stream, &graph);
+    if (rc < 0) {
+        if (graph)
+            cudaGraphDestroy(graph);
+        return NULL;
+    }
+    if (e == cudaSuccess)
+        e = cudaGraphInstantiate(&exec, graph, 0);
+    if (graph)
+        cudaGraphDestroy(graph);
+    if (e != cudaSuccess) {
+        cuda_fail(e, "graph capture", err);
+        return NULL;
+    }
+    cuda_graph *g = &cm->graphs[cm->n_graphs < CUDA_GRAPHS_MAX ? cm->n_graphs++ : 0];
+    for (int i = 0; i < cm->n_graphs; i++)
+        if (cm->graphs[i].used < g->used)
+            g = &cm->graphs[i];
+    if (g->exec)
+        cudaGraphExecDestroy(g->exec);
+    *g = (cuda_graph){.n_rows = n, .write_through = write_through, .exec = exec};
+    return g;
+}
+
+/* The layers of a step of n rows: replayed from its graph (captured at its first step)
+ * up to CUDA_GRAPH_MAX_ROWS rows, launched one by one beyond. */
+static int cuda_layers(cuda_model *cm, int n, bool write_through, char err[ERR_MAX])
+{
+    if (!cm->graphs_on || n > CUDA_GRAPH_MAX_ROWS)
+        return cuda_layers_launched(cm, n, write_through, err);
+    cuda_graph *g = NULL;
+    for (int i = 0; i < cm->n_graphs && !g; i++)
+        if (cm->graphs[i].n_rows == n && cm->graphs[i].write_through == write_through)
+            g = &cm->graphs[i];
+    if (!g && !(g = cuda_capture(cm, n, write_through, err)))
+        return -1;
+    g->used = ++cm->n_steps;
+    CUDA_TRY(cudaGraphLaunch(g->exec, cm->stream), "graph launch");
+    return 0;
+}
+
 /* The out rows' hidden states, logits and greedy ids, back to the host. */
 static int cuda_outputs(cuda_model *cm, int n_seq, const model_batch *batches, int n_out,
                         int32_t *argmax, char err[ERR_MAX])
@@ -891,9 +981,8 @@ int cuda_forward_batch(cuda_model *cm, int n_seq, cuda_seq *const *seqs,
     CUDA_TRY(cudaSetDevice(cm->device), "device");
     if (cuda_send_inputs(cm, n_seq, seqs, batches, n_rows, n_out, err) < 0)
         return -1;
-    for (int l = 0; l < cm->hp.n_layer; l++)
-        if (cuda_layer_forward(cm, l, n_rows, hosts != NULL, err) < 0)
-            return -1;
+    if (cuda_layers(cm, n_rows, hosts != NULL, err) < 0)
+        return -1;
     if (hosts)
         CUDA_TRY(cudaMemcpyAsync(cm->kv_out_host, cm->kv_out,
                                  (size_t)n_rows * cm->hp.n_layer * 2 * cm->kv_dim * 2,

@@ -69,6 +69,11 @@ int cuda_model_max_batch(const cuda_model *cm)
     return 0;
 }
 
+void cuda_model_use_graphs(cuda_model *cm, bool on)
+{
+    (void)cm, (void)on;
+}
+
 cuda_seq *cuda_seq_new(cuda_model *cm, char err[ERR_MAX])
 {
     (void)cm;
