@@ -184,6 +184,30 @@ static void test_logits_match_cpu(void)
     free(gpu);
 }
 
+/* Steps replayed from CUDA graphs give the bits of steps launched kernel by kernel. */
+static void test_graphs_replay_the_same(void)
+{
+    if (!have_gpu())
+        return;
+    char err[ERR_MAX];
+    const char *path = make_model("llama", QTYPE_Q4_K, "graphs");
+    model *m = path ? model_load(path, err) : NULL;
+    CHECK(m);
+    cuda_model *cm = cuda_model_new(m, 0, MAX_ROWS, 256, err);
+    CHECK_MSG(cm, "%s", err);
+    size_t n = (size_t)PLAN_ROWS * N_VOCAB;
+    float *with = malloc(n * sizeof(float)), *without = malloc(n * sizeof(float));
+    CHECK(with && without);
+    CHECK(run_gpu(cm, with) == 0);
+    cuda_model_use_graphs(cm, false);
+    CHECK(run_gpu(cm, without) == 0);
+    CHECK(memcmp(with, without, n * sizeof(float)) == 0);
+    free(with);
+    free(without);
+    cuda_model_free(cm);
+    model_free(m);
+}
+
 /* Four sequences at different lengths advance in one step (decode rows and a prefill
  * slice), and each gives what it gives alone. */
 static void test_batched_equals_alone(void)
@@ -629,6 +653,7 @@ static void test_refusals(void)
 int main(void)
 {
     RUN(test_logits_match_cpu);
+    RUN(test_graphs_replay_the_same);
     RUN(test_batched_equals_alone);
     RUN(test_host_tier_round_trip);
     RUN(test_runner_on_gpu);

@@ -5,7 +5,9 @@
  * in one step, then one token a step, as the daemon schedules a lone request), the log
  * says where the model runs, and a context continued over two calls gives the same
  * answer as one call. A gemma2 model, which the GPU backend does not run, stays on the
- * CPU with a warning and is served. Skips without a GPU or in a build without CUDA.
+ * CPU with a warning and is served. A context on the GPU continued after a restart (its
+ * K/V then come from the store, through host memory, back to the GPU) answers as the same
+ * turns without the restart. Skips without a GPU or in a build without CUDA.
  */
 #include <grp.h>
 #include <math.h>
@@ -186,6 +188,68 @@ static void refused_model_stays_on_cpu(void)
     json_object_put(o);
 }
 
+/* Three greedy turns on a fresh context of daemon dd, turns [from, to) of them; each
+ * reply into text[i]. 0 or -1. */
+static const char *const turn_prompts[] = {"Once upon a time", "The dog ran", "Then"};
+
+static int turns(llmsd_proc *dd, const char *id, int from, int to, char text[][512])
+{
+    llms_conn *c = proc_connect(dd, "gpuctx");
+    llms_params p = proc_greedy(16, NULL);
+    int rc = c ? 0 : -1;
+    for (int i = from; i < to && rc == 0; i++) {
+        char *out = NULL;
+        if (llms_call_text(c, id, turn_prompts[i], &p, &out) != LLMS_OK || !out) {
+            fprintf(stderr, "turn %d: %s\n", i, llms_last_error(c));
+            rc = -1;
+        } else {
+            snprintf(text[i], 512, "%s", out);
+        }
+        free(out);
+    }
+    llms_close(c);
+    return rc;
+}
+
+static void context_survives_restart(void)
+{
+    NEED();
+    const char *stories = test_data_path("models/stories260K.gguf");
+    if (!stories)
+        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+    char model[1024];
+    snprintf(model, sizeof model, "%s", stories);
+    const char *conf = "device = cuda\nkv_compress = none\n";
+    char ref[3][512] = {{0}}, got[3][512] = {{0}}, id[LLMS_ID_MAX];
+    llmsd_proc dd;
+    llms_params defaults = proc_greedy(16, NULL);
+
+    CHECK_MSG(proc_start(&dd, llmsd_path, "gpu-ref", model, conf) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&dd, "gpuctx");
+    int ok = c && llms_context_create(c, NULL, &defaults, id) == LLMS_OK;
+    llms_close(c);
+    ok = ok && turns(&dd, id, 0, 3, ref) == 0;
+    proc_stop(&dd, SIGTERM);
+    CHECK_MSG(ok, "the reference run failed");
+
+    CHECK_MSG(proc_start(&dd, llmsd_path, "gpu-restart", model, conf) == 0, "llmsd did not start");
+    c = proc_connect(&dd, "gpuctx");
+    ok = c && llms_context_create(c, NULL, &defaults, id) == LLMS_OK;
+    llms_close(c);
+    ok = ok && turns(&dd, id, 0, 1, got) == 0;
+    CHECK_EQ(proc_stop(&dd, SIGTERM), 0);
+    CHECK_MSG(ok, "the first turn failed");
+    CHECK_MSG(proc_start(&dd, llmsd_path, "gpu-restart", model, conf) == 0,
+              "llmsd did not restart");
+    ok = turns(&dd, id, 1, 3, got) == 0;
+    proc_stop(&dd, SIGTERM);
+    CHECK(ok);
+    for (int i = 0; i < 3; i++)
+        CHECK_MSG(!strcmp(got[i], ref[i]), "turn %d: '%s' after a restart, '%s' without", i,
+                  got[i], ref[i]);
+    printf("  three turns, the last two after a restart: the same replies\n");
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -215,6 +279,7 @@ int main(int argc, char **argv)
     }
     RUN(completion_is_the_gpu_greedy);
     RUN(refused_model_stays_on_cpu);
+    RUN(context_survives_restart);
     if (up == 1 && proc_stop(&d, SIGTERM) != 0)
         fprintf(stderr, "llmsd did not exit cleanly\n");
     return test_finish();
