@@ -650,8 +650,25 @@ static void test_refusals(void)
     model_free(m);
 }
 
+/* The device setting's syntax, the same in every build. */
+static void test_parse_device(void)
+{
+    char err[ERR_MAX];
+    int d = 7;
+    CHECK(cuda_parse_device("cpu", &d, err) == 0 && d == -1);
+    CHECK(cuda_parse_device("cuda", &d, err) == 0 && d == 0);
+    CHECK(cuda_parse_device("cuda:3", &d, err) == 0 && d == 3);
+    static const char *const bad[] = {"gpu", "cuda:", "cuda:x", "cuda:1x", "cuda:-1",
+                                      "cuda:99999", "CUDA", ""};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CHECK_MSG(cuda_parse_device(bad[i], &d, err) < 0, "'%s' accepted", bad[i]);
+        CHECK(strstr(err, "expected cpu, cuda or cuda:N"));
+    }
+}
+
 int main(void)
 {
+    RUN(test_parse_device);
     RUN(test_logits_match_cpu);
     RUN(test_graphs_replay_the_same);
     RUN(test_batched_equals_alone);
