@@ -27,6 +27,9 @@
 #define CUDA_GRAPH_MAX_ROWS 64
 /* Graphs kept (the least recently used is destroyed for a new one). */
 #define CUDA_GRAPHS_MAX 32
+/* Device memory a new sequence leaves free. */
+#define CUDA_SEQ_HEADROOM ((size_t)1 << 30)
+
 /* cuBLAS's own workspace: set by us, so that captured products allocate nothing. */
 #define CUDA_BLAS_WORKSPACE ((size_t)32 << 20)
 
@@ -539,7 +542,18 @@ cuda_seq *cuda_seq_new(cuda_model *cm, char err[ERR_MAX])
     }
     s->cm = cm;
     size_t halves = (size_t)cm->hp.n_layer * entries * cm->kv_dim;
+    size_t free_bytes = 0, total_bytes = 0;
     cudaError_t e = cudaSetDevice(cm->device);
+    if (e == cudaSuccess)
+        e = cudaMemGetInfo(&free_bytes, &total_bytes);
+    /* what the graphs and cuBLAS may still need stays free */
+    if (e == cudaSuccess && free_bytes < halves * 4 + CUDA_SEQ_HEADROOM) {
+        snprintf(err, ERR_MAX, "cuda: a sequence's %zu MiB of K/V would leave less than %zu MiB "
+                 "of the device's %zu MiB free", halves * 4 >> 20, CUDA_SEQ_HEADROOM >> 20,
+                 free_bytes >> 20);
+        cuda_seq_free(s);
+        return NULL;
+    }
     if (e == cudaSuccess)
         e = cudaMalloc((void **)&s->k, halves * 2);
     if (e == cudaSuccess)
