@@ -74,11 +74,14 @@ double ctx_cost_contention(const ctxmgr *cm, enum ctx_part part)
 
 static void cost_key(const ctxmgr *cm, char *key, size_t cap)
 {
-    /* "ctx_cost2": records of the one-sample profile (5 values) are not reused. */
+    /* "ctx_cost2": records of the one-sample profile (5 values) are not reused. A runner on
+     * a GPU recomputes at the GPU's speed: its costs are the GPU's own, kept apart. */
     const model_hparams *hp = model_hparams_of(cm->m);
-    snprintf(key, cap, "ctx_cost2/%d/l%d/d%d/h%d/kv%dx%d/ff%d/v%d/t%d", (int)hp->arch,
+    const char *gpu = model_runner_gpu_name(cm->runner);
+    snprintf(key, cap, "ctx_cost2/%d/l%d/d%d/h%d/kv%dx%d/ff%d/v%d/t%d%s%s", (int)hp->arch,
              hp->n_layer, hp->dim, hp->n_head, hp->n_head_kv, hp->head_dim, hp->n_ff,
-             hp->n_vocab, model_runner_n_threads(cm->runner));
+             hp->n_vocab, model_runner_n_threads(cm->runner), gpu ? "/gpu:" : "",
+             gpu ? gpu : "");
 }
 
 static int cmp_double(const void *a, const void *b)
