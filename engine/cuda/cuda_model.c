@@ -321,6 +321,11 @@ static int cuda_check_matrices(const model *m, size_t *largest_quant, char err[E
         }
         for (int i = 0; i < n; i++) {
             const quant_traits *qt = quant_traits_of(w[i]->type);
+            if (w[i]->data && w[i]->cols % 8) {
+                snprintf(err, ERR_MAX, "cuda: a matrix of layer %d has rows of %d elements, "
+                         "not a multiple of 8 (the GPU kernels' unit)", l, w[i]->cols);
+                return -1;
+            }
             if (!w[i]->data || w[i]->repacked || !cuda_matmul_type_supported(w[i]->type)) {
                 snprintf(err, ERR_MAX,
                          "cuda: a matrix of layer %d is %s, which the GPU kernels do not "

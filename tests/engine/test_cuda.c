@@ -378,19 +378,15 @@ static double mean_nll(const float *logits, const int32_t *text, int n, int n_vo
 #define DOC_TOKENS 512
 #define DOC_GREEDY 64
 
-/* The trained documentation model: perplexity on held-out text within 0.5% of the
- * CPU's, and the same greedy continuation for 64 tokens. */
-static void test_docs_model(void)
+/* The trained documentation model as published (Q8_0) and converted to F16 and to
+ * Q4_K_M (llama-quantize's mix): perplexity on held-out text within 0.5% of the CPU's,
+ * and the greedy continuation of a 64-token prompt for 64 tokens, both paths continuing
+ * from the CPU's choice at every step so that one near tie does not hide later agreement:
+ * the same tokens in Q8_0 and F16, at most 4 differences in Q4_K_M, where the CPU's 8-bit
+ * activations meet 4-bit weights (printed, with the first one). */
+static void check_docs_file(const char *mpath, const char *label, int max_greedy_diff)
 {
-    if (!have_gpu())
-        return;
-    const char *path = test_data_path("models/docs-lm-21M-Q8_0.gguf");
-    if (!path) {
-        test_skip("../shared/testdata/models/docs-lm-21M-Q8_0.gguf not found");
-        return;
-    }
-    char err[ERR_MAX], mpath[1024];
-    snprintf(mpath, sizeof mpath, "%s", path);
+    char err[ERR_MAX];
     const char *tpath = test_data_path("docs/heldout.txt");
     CHECK_MSG(tpath, "../shared/testdata/docs/heldout.txt not found");
     size_t len;
@@ -435,8 +431,8 @@ static void test_docs_model(void)
     CHECK_MSG(cuda_forward_batch(cm, 1, &s, &all, NULL, NULL, err) == 0, "%s", err);
     double ppl_c = exp(mean_nll(lc, ids, DOC_TOKENS, n_vocab));
     double ppl_g = exp(mean_nll(lg, ids, DOC_TOKENS, n_vocab));
-    printf("# docs-lm-21M-Q8_0, %d held-out tokens: perplexity CPU %.4f, GPU %.4f (%.3f%%)\n",
-           DOC_TOKENS, ppl_c, ppl_g, 100 * fabs(ppl_g / ppl_c - 1));
+    printf("# docs-lm-21M %-6s %d held-out tokens: perplexity CPU %.4f, GPU %.4f (%.3f%%)\n",
+           label, DOC_TOKENS, ppl_c, ppl_g, 100 * fabs(ppl_g / ppl_c - 1));
     CHECK(fabs(ppl_g / ppl_c - 1) < 0.005);
 
     /* greedy continuation of the first 64 tokens: the prompt again on fresh sequences */
@@ -448,36 +444,27 @@ static void test_docs_model(void)
     model_batch p = {.n_tokens = prompt, .tokens = ids, .positions = pos, .n_out = 1,
                      .out_rows = &last_row, .logits = lc};
     last_row = prompt - 1;
-    int32_t cur_c[1], cur_g[1];
-    int diverged = -1;
+    int32_t cur[1];
+    int diverged = -1, differ = 0;
     for (int i = 0; i < DOC_GREEDY; i++) {
-        int rc = model_forward(r, &seq, &p, err);
-        CHECK_MSG(rc == 0, "%s", err);
+        CHECK_MSG(model_forward(r, &seq, &p, err) == 0, "%s", err);
         int best = 0;
         for (int v = 1; v < n_vocab; v++)
             best = lc[v] > lc[best] ? v : best;
         gen_c[i] = best;
         model_batch pg = p;
         pg.logits = NULL;
-        if (i > 0) {
-            pg.tokens = cur_g;
-        }
         CHECK_MSG(cuda_forward_batch(cm, 1, &s, &pg, &gen_g[i], NULL, err) == 0, "%s", err);
-        if (diverged < 0 && gen_c[i] != gen_g[i])
+        if (gen_c[i] != gen_g[i] && differ++ == 0)
             diverged = i;
-        /* both continue from the CPU's choice, so that one divergence does not hide
-         * later agreement */
-        cur_c[0] = cur_g[0] = gen_c[i];
+        cur[0] = gen_c[i];
         last_row = 0;
-        p = (model_batch){.n_tokens = 1, .tokens = cur_c, .positions = pos + prompt + i,
+        p = (model_batch){.n_tokens = 1, .tokens = cur, .positions = pos + prompt + i,
                           .n_out = 1, .out_rows = &last_row, .logits = lc};
     }
-    int same = 0;
-    for (int i = 0; i < DOC_GREEDY; i++)
-        same += gen_c[i] == gen_g[i];
-    printf("# greedy: %d of %d tokens the same (first difference at %d)\n", same, DOC_GREEDY,
-           diverged);
-    CHECK_EQ(diverged, -1);
+    printf("# docs-lm-21M %-6s greedy: %d of %d tokens the same (first difference at %d)\n",
+           label, DOC_GREEDY - differ, DOC_GREEDY, diverged);
+    CHECK(differ <= max_greedy_diff);
 
     cuda_seq_free(s);
     cuda_model_free(cm);
@@ -488,6 +475,28 @@ static void test_docs_model(void)
     free(lg);
     free(ids);
     model_free(m);
+}
+
+static void test_docs_model(void)
+{
+    if (!have_gpu())
+        return;
+    const char *path = test_data_path("models/docs-lm-21M-Q8_0.gguf");
+    if (!path) {
+        test_skip("../shared/testdata/models/docs-lm-21M-Q8_0.gguf not found");
+        return;
+    }
+    char err[ERR_MAX], q8[1024], f16[1024], q4km[1024];
+    snprintf(q8, sizeof q8, "%s", path);
+    snprintf(f16, sizeof f16, "%s/docs-f16.gguf", test_tmpdir());
+    snprintf(q4km, sizeof q4km, "%s/docs-q4_k_m.gguf", test_tmpdir());
+    CHECK_MSG(modelgen_convert(q8, f16, QTYPE_F16, MODELGEN_MIX_NONE, 0, NULL, NULL, err) == 0,
+              "%s", err);
+    CHECK_MSG(modelgen_convert(q8, q4km, QTYPE_Q4_K, MODELGEN_MIX_Q4_K_M, 0, NULL, NULL, err) == 0,
+              "%s", err);
+    check_docs_file(q8, "Q8_0", 0);
+    check_docs_file(f16, "F16", 0);
+    check_docs_file(q4km, "Q4_K_M", 4);
 }
 
 /* A CPU runner moved to the GPU (model_runner_use_gpu): the plan's logits as the CPU

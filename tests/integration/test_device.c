@@ -2,12 +2,12 @@
  * llmsd with `device = cuda`: a random-weight llama (Q8_0, the shared test data's
  * llama-spm vocabulary) runs on the GPU. llama.cpp's /completion on token ids answers with
  * the greedy ids and log-probabilities a GPU runner in this process gives (a prompt of 40
- * in one step, then one token a step, as the daemon schedules a lone request), the log
- * says where the model runs, and a context continued over two calls gives the same
- * answer as one call. A gemma2 model, which the GPU backend does not run, stays on the
+ * in one step, then one token a step, as the daemon schedules a lone request), and the
+ * log says where the model runs. A gemma2 model, which the GPU backend does not run, stays on the
  * CPU with a warning and is served. A context on the GPU continued after a restart (its
  * K/V then come from the store, through host memory, back to the GPU) answers as the same
- * turns without the restart. Skips without a GPU or in a build without CUDA.
+ * turns without the restart (TinyStories-656K: a real tokenizer and trained weights).
+ * Skips without a GPU or in a build without CUDA.
  */
 #include <grp.h>
 #include <math.h>
@@ -110,9 +110,9 @@ static int gpu_greedy(const int32_t *prompt, int32_t *out, float *lp)
     return rc;
 }
 
-static bool log_has(const char *needle)
+static bool log_of_has(const llmsd_proc *p, const char *needle)
 {
-    FILE *f = fopen(d.log, "r");
+    FILE *f = fopen(p->log, "r");
     char line[1024];
     bool found = false;
     while (f && !found && fgets(line, sizeof line, f))
@@ -120,6 +120,11 @@ static bool log_has(const char *needle)
     if (f)
         fclose(f);
     return found;
+}
+
+static bool log_has(const char *needle)
+{
+    return log_of_has(&d, needle);
 }
 
 static json_object *complete(const int32_t *prompt, int n, const char *model)
@@ -214,9 +219,11 @@ static int turns(llmsd_proc *dd, const char *id, int from, int to, char text[][5
 static void context_survives_restart(void)
 {
     NEED();
-    const char *stories = test_data_path("models/stories260K.gguf");
+    /* a real tokenizer and trained weights the GPU runs (stories260K's FFN of 172 is not
+     * a multiple of 8: it would stay on the CPU) */
+    const char *stories = test_data_path("models/TinyStories-656K-Q8_0.gguf");
     if (!stories)
-        SKIP("../shared/testdata/models/stories260K.gguf is absent");
+        SKIP("../shared/testdata/models/TinyStories-656K-Q8_0.gguf is absent");
     char model[1024];
     snprintf(model, sizeof model, "%s", stories);
     const char *conf = "device = cuda\nkv_compress = none\n";
@@ -231,6 +238,7 @@ static void context_survives_restart(void)
     ok = ok && turns(&dd, id, 0, 3, ref) == 0;
     proc_stop(&dd, SIGTERM);
     CHECK_MSG(ok, "the reference run failed");
+    CHECK_MSG(log_of_has(&dd, "runs on"), "the model did not run on the GPU");
 
     CHECK_MSG(proc_start(&dd, llmsd_path, "gpu-restart", model, conf) == 0, "llmsd did not start");
     c = proc_connect(&dd, "gpuctx");
