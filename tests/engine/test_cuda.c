@@ -82,6 +82,27 @@ static int32_t plan_token(int i)
     return (int32_t)((i * 37 + 11) % N_VOCAB);
 }
 
+/* One batch of the plan: its ids, positions and out rows, and the batch reading them. */
+typedef struct plan_step {
+    int32_t tok[MAX_ROWS], pos[MAX_ROWS], out[MAX_ROWS];
+    model_batch b;
+} plan_step;
+
+/* Batch b of the plan, whose first row is entry `at`: every row out, its logits at their
+ * place in logits (PLAN_ROWS, N_VOCAB). */
+static const model_batch *plan_batch(plan_step *ps, int b, int at, float *logits)
+{
+    for (int t = 0; t < PLAN[b]; t++) {
+        ps->tok[t] = plan_token(at + t);
+        ps->pos[t] = at + t;
+        ps->out[t] = t;
+    }
+    ps->b = (model_batch){.n_tokens = PLAN[b], .tokens = ps->tok, .positions = ps->pos,
+                          .n_out = PLAN[b], .out_rows = ps->out,
+                          .logits = logits + (size_t)at * N_VOCAB};
+    return &ps->b;
+}
+
 /* logits (PLAN_ROWS, n_vocab) of the plan on the CPU. */
 static int run_cpu(model *m, float *logits)
 {
@@ -96,18 +117,9 @@ static int run_cpu(model *m, float *logits)
     kv_seq seq;
     kv_seq_init(&seq, pool);
     int at = 0, rc = 0;
-    int n_vocab = model_hparams_of(m)->n_vocab;
     for (int b = 0; b < PLAN_N && rc == 0; b++) {
-        int32_t tok[MAX_ROWS], pos[MAX_ROWS], out[MAX_ROWS];
-        for (int t = 0; t < PLAN[b]; t++) {
-            tok[t] = plan_token(at + t);
-            pos[t] = at + t;
-            out[t] = t;
-        }
-        model_batch mb = {.n_tokens = PLAN[b], .tokens = tok, .positions = pos,
-                          .n_out = PLAN[b], .out_rows = out,
-                          .logits = logits + (size_t)at * n_vocab};
-        if ((rc = model_forward(r, &seq, &mb, err)) < 0)
+        plan_step ps;
+        if ((rc = model_forward(r, &seq, plan_batch(&ps, b, at, logits), err)) < 0)
             fprintf(stderr, "cpu forward: %s\n", err);
         at += PLAN[b];
     }
@@ -128,16 +140,9 @@ static int run_gpu(cuda_model *cm, float *logits)
     }
     int at = 0, rc = 0;
     for (int b = 0; b < PLAN_N && rc == 0; b++) {
-        int32_t tok[MAX_ROWS], pos[MAX_ROWS], out[MAX_ROWS];
-        for (int t = 0; t < PLAN[b]; t++) {
-            tok[t] = plan_token(at + t);
-            pos[t] = at + t;
-            out[t] = t;
-        }
-        model_batch mb = {.n_tokens = PLAN[b], .tokens = tok, .positions = pos,
-                          .n_out = PLAN[b], .out_rows = out,
-                          .logits = logits + (size_t)at * N_VOCAB};
-        if ((rc = cuda_forward_batch(cm, 1, &s, &mb, NULL, NULL, err)) < 0)
+        plan_step ps;
+        if ((rc = cuda_forward_batch(cm, 1, &s, plan_batch(&ps, b, at, logits), NULL, NULL,
+                                     err)) < 0)
             fprintf(stderr, "gpu forward: %s\n", err);
         at += PLAN[b];
     }
@@ -526,16 +531,8 @@ static void test_runner_on_gpu(void)
     kv_seq_init(&seq, pool);
     int at = 0;
     for (int b = 0; b < PLAN_N; b++) {
-        int32_t tok[MAX_ROWS], pos[MAX_ROWS], out[MAX_ROWS];
-        for (int t = 0; t < PLAN[b]; t++) {
-            tok[t] = plan_token(at + t);
-            pos[t] = at + t;
-            out[t] = t;
-        }
-        model_batch mb = {.n_tokens = PLAN[b], .tokens = tok, .positions = pos,
-                          .n_out = PLAN[b], .out_rows = out,
-                          .logits = gpu + (size_t)at * N_VOCAB};
-        CHECK_MSG(model_forward(r, &seq, &mb, err) == 0, "%s", err);
+        plan_step ps;
+        CHECK_MSG(model_forward(r, &seq, plan_batch(&ps, b, at, gpu), err) == 0, "%s", err);
         at += PLAN[b];
         CHECK_EQ(kv_seq_n_tokens(&seq), at);
     }
