@@ -9,11 +9,20 @@
  * too (cuda_matmul_host_check), which lets the tests compare its bit layouts with the
  * engine's scalar dequantizers on a machine without a GPU.
  *
- * cuda_matvec gives each weight row to one warp. A warp step covers 256 elements, lane l
- * the oct at 8 l: the warp's activation loads are then contiguous (two float4 per lane
- * and column) and its weight loads fall on a few consecutive blocks (a whole K-quant
- * super-block). Steps are unrolled so that several steps' loads are in flight before the
- * first is used; the lanes' partial sums meet through shuffles.
+ * cuda_matvec gives each weight row to one warp. For F32 / F16 / BF16 a warp step covers
+ * 256 elements, lane l the oct at 8 l: the warp's activation loads are then contiguous
+ * (two float4 per lane and column) and its weight loads fall on consecutive bytes. Steps
+ * are unrolled so that several steps' loads are in flight before the first is used; the
+ * lanes' partial sums meet through shuffles.
+ *
+ * The quantized types take the integer path instead: quantize_act_kernel rounds the
+ * activation rows to int8 blocks of 32 (scale amax / 127, and the block's sum of int8
+ * values for the mins and Q4_0's -8), and matvec_int_kernel decodes a chunk of weights
+ * (a block, or a quarter K-quant super-block) per lane into signed bytes, dotted with the
+ * activations four at a time by __dp4a, the scales applied once per 16 or 32 elements.
+ * That is a few integer instructions per weight and column where the float path needs a
+ * conversion and an FMA per weight and column: extra columns come cheap. decode_chunk and
+ * chunk_dot run on the host too (cuda_matvec_host_check, __dp4a emulated).
  */
 #include "engine/cuda/cuda_matmul.h"
 
