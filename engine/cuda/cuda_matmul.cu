@@ -308,8 +308,9 @@ __host__ __device__ inline int dot4(uint32_t a, uint32_t b, int c)
 }
 
 /* N words of the bytes at the 2-byte aligned p: the words from p rounded down to 4,
- * shifted into place; the word past the last is read only when p is not 4-byte aligned
- * (then the bytes asked for reach into it), so nothing past p + 4 N is read. */
+ * shifted into place. When p is not 4-byte aligned the last 2 bytes asked for lie past
+ * those N words and are read as a 2-byte word, so nothing past p + 4 N is read (a block at
+ * the end of the matrix may end there). */
 template <int N>
 __host__ __device__ inline void ld_words_a2(const uint8_t *p, uint32_t out[N])
 {
@@ -319,7 +320,7 @@ __host__ __device__ inline void ld_words_a2(const uint8_t *p, uint32_t out[N])
     UNROLL
     for (int i = 0; i < N; i++)
         w[i] = ld_u32(a + 4 * i);
-    w[N] = shift ? ld_u32(a + 4 * N) : 0;
+    w[N] = shift ? ld_u16(a + 4 * N) : 0;
     UNROLL
     for (int i = 0; i < N; i++) {
 #ifdef __CUDA_ARCH__
@@ -686,7 +687,8 @@ cudaError_t launch_matvec(const cuda_weight *w, const float *x, int n_cols, floa
     dim3 block(ROWS_PER_BLOCK * WARP);
     const uint8_t *data = static_cast<const uint8_t *>(w->data);
     int8_t *xq = static_cast<int8_t *>(scratch);
-    float2 *xs = reinterpret_cast<float2 *>(xq + (size_t)n_cols * w->n_in);
+    float2 *xs = integer_path<T>() ? reinterpret_cast<float2 *>(xq + (size_t)n_cols * w->n_in)
+                                   : nullptr;
     if constexpr (integer_path<T>()) {
         int64_t n_blocks = n_cols * w->n_in / ACT_BLOCK;
         int threads = 256, blocks_per = threads / WARP;
