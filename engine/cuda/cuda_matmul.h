@@ -6,8 +6,8 @@
  * kernels read each block once and decode it in registers for every activation row of
  * the call (the quantized types as integers, against int8 activations). Prefill's wide
  * products dequantize one matrix at a time into an f16 scratch for cuBLAS
- * (cuda_dequantize_f16). Internal to engine/cuda; C linkage so that
- * tests written in C can call it.
+ * (cuda_dequantize_f16). Internal to engine/cuda; C linkage so that tests written in C
+ * can call it.
  */
 #ifndef LLMS_CUDA_MATMUL_H
 #define LLMS_CUDA_MATMUL_H
