@@ -81,6 +81,8 @@ struct cuda_model {
     float *logits;            /* (max_batch, n_vocab) */
     int32_t *argmax;          /* (max_batch) */
     uint16_t *act_half;       /* (max_batch, max(dim, q_dim, n_ff)) cuBLAS's activations */
+    void *matvec_scratch;     /* cuda_matvec_scratch_bytes(max(dim, q_dim, n_ff), 8 rows):
+                                 cuda_matvec's int8 activations */
     uint16_t *w_half;         /* (w_half_elems) a dequantized matrix for cuBLAS, or NULL */
     uint16_t *kv_out;         /* (max_batch, n_layer, 2, kv_dim) the step's new K/V */
     uint16_t *kv_out_host;    /* the same, pinned: written through to host sequences */
@@ -367,8 +369,9 @@ static int cuda_alloc_scratch(cuda_model *cm, size_t w_half_elems, char err[ERR_
     for (size_t i = 0; i < sizeof f32_n / sizeof *f32_n; i++)
         total += cuda_align(f32_n[i] * sizeof(float));
     size_t kv_out_bytes = B * hp->n_layer * 2 * cm->kv_dim * 2;
+    size_t matvec_bytes = cuda_matvec_scratch_bytes((int64_t)widest, CUDA_MATVEC_MAX_COLS);
     total += cuda_align(B * sizeof(int32_t)) + cuda_align(B * widest * 2) +
-             cuda_align(kv_out_bytes) + cuda_align(w_half_elems * 2);
+             cuda_align(matvec_bytes) + cuda_align(kv_out_bytes) + cuda_align(w_half_elems * 2);
     CUDA_TRY(cudaMalloc(&cm->scratch, total), "scratch memory");
     char *p = cm->scratch;
     for (size_t i = 0; i < sizeof f32_n / sizeof *f32_n; i++) {
@@ -379,6 +382,8 @@ static int cuda_alloc_scratch(cuda_model *cm, size_t w_half_elems, char err[ERR_
     p += cuda_align(B * sizeof(int32_t));
     cm->act_half = (uint16_t *)p;
     p += cuda_align(B * widest * 2);
+    cm->matvec_scratch = p;
+    p += cuda_align(matvec_bytes);
     cm->kv_out = (uint16_t *)p;
     p += cuda_align(kv_out_bytes);
     cm->w_half = w_half_elems ? (uint16_t *)p : NULL;
@@ -620,7 +625,7 @@ static int cuda_matmul(cuda_model *cm, const cuda_weight *w, const float *x, int
         for (int c = 0; c < n; c += CUDA_MATVEC_MAX_COLS) {
             int cols = n - c < CUDA_MATVEC_MAX_COLS ? n - c : CUDA_MATVEC_MAX_COLS;
             CUDA_TRY(cuda_matvec(w, x + (size_t)c * w->n_in, cols, y + (size_t)c * w->n_out,
-                                 accumulate, cm->stream),
+                                 accumulate, cm->matvec_scratch, cm->stream),
                      "matrix-vector product");
         }
         return 0;
