@@ -618,18 +618,13 @@ void cuda_seq_entries(const cuda_seq *s, const int32_t **tokens, const int32_t *
 static int cuda_matmul(cuda_model *cm, const cuda_weight *w, const float *x, int n, float *y,
                        bool accumulate, char err[ERR_MAX])
 {
-    bool float_weights =
-        w->type == QTYPE_F32 || w->type == QTYPE_F16 || w->type == QTYPE_BF16;
-    (void)float_weights;
     if (n <= CUDA_MATVEC_MAX_COLS) {
-        for (int c = 0; c < n; c += CUDA_MATVEC_MAX_COLS) {
-            int cols = n - c < CUDA_MATVEC_MAX_COLS ? n - c : CUDA_MATVEC_MAX_COLS;
-            CUDA_TRY(cuda_matvec(w, x + (size_t)c * w->n_in, cols, y + (size_t)c * w->n_out,
-                                 accumulate, cm->matvec_scratch, cm->stream),
-                     "matrix-vector product");
-        }
+        CUDA_TRY(cuda_matvec(w, x, n, y, accumulate, cm->matvec_scratch, cm->stream),
+                 "matrix-vector product");
         return 0;
     }
+    bool float_weights =
+        w->type == QTYPE_F32 || w->type == QTYPE_F16 || w->type == QTYPE_BF16;
     const float alpha = 1.0f, beta = accumulate ? 1.0f : 0.0f;
     int m_ = (int)w->n_out, k_ = (int)w->n_in;
     cublasStatus_t st;
