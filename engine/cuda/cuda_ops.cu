@@ -237,17 +237,28 @@ __global__ static void cuda_attention_kernel(const float *q, const cuda_row *row
 #pragma unroll
         for (int i = 0; i < NI; i++)
             acc[i] *= corr;
-        for (int jj = 0; jj < 32; jj++) {
-            float pj = __shfl_sync(0xffffffffu, p, jj);
-            if (pj == 0.0f)
-                continue;
-            const __half *vj = V + (size_t)(j0 + jj) * kv_dim;
+        /* the tile's V rows U at a time, their loads issued together (a branch per entry
+         * would wait out each load's latency in turn); entries past the sequence read its
+         * last row, times a probability of 0 */
+        constexpr int U = NI <= 4 ? 8 : 4;
+        const int last = row.n_kv - 1;
+        for (int jj = 0; jj < 32; jj += U) {
+            float pj[U], vv[U][NI];
 #pragma unroll
-            for (int i = 0; i < NI; i++) {
-                int d = lane + 32 * i;
-                if (d < hd)
-                    acc[i] += pj * __half2float(vj[d]);
+            for (int u = 0; u < U; u++) {
+                pj[u] = __shfl_sync(0xffffffffu, p, jj + u);
+                const __half *vj = V + (size_t)min(j0 + jj + u, last) * kv_dim;
+#pragma unroll
+                for (int i = 0; i < NI; i++) {
+                    int d = lane + 32 * i;
+                    vv[u][i] = d < hd ? __half2float(vj[d]) : 0.0f;
+                }
             }
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int i = 0; i < NI; i++)
+                    acc[i] += pj[u] * vv[u][i];
         }
         m = m_new;
     }

@@ -213,27 +213,23 @@ static void test_graphs_replay_the_same(void)
     model_free(m);
 }
 
-/* Four sequences at different lengths advance in one step (decode rows and a prefill
- * slice), and each gives what it gives alone. */
-static void test_batched_equals_alone(void)
+/* Four sequences at different lengths advance in one step by step[i] rows each (decode
+ * rows and a prefill slice), and each gives what it gives alone: bit for bit when every
+ * product takes the same path both ways (at most 8 rows stacked: the matrix-vector
+ * kernels), within TOL_QUANT when the stacked step's products go to cuBLAS and a lone
+ * decode row's do not (f16 activations against 8-bit ones); the largest difference is
+ * printed. */
+static void check_stacked(cuda_model *cm, const int *step, bool exact)
 {
-    if (!have_gpu())
-        return;
     char err[ERR_MAX];
-    const char *path = make_model("qwen2", QTYPE_Q8_0, "batched");
-    model *m = path ? model_load(path, err) : NULL;
-    CHECK(m);
-    cuda_model *cm = cuda_model_new(m, 0, MAX_ROWS, 256, err);
-    CHECK_MSG(cm, "%s", err);
-    enum { N_SEQ = 4 };
+    enum { N_SEQ = 4, MAX_STEP = 24 };
     static const int prefix[N_SEQ] = {5, 17, 33, 9};
-    static const int step[N_SEQ] = {1, 1, 6, 1};
     cuda_seq *together[N_SEQ], *alone[N_SEQ];
-    float *lt = malloc((size_t)N_SEQ * 8 * N_VOCAB * sizeof(float));
-    float *la = malloc((size_t)8 * N_VOCAB * sizeof(float));
-    int32_t ids_t[N_SEQ * 8], ids_a[8];
+    float *lt = malloc((size_t)N_SEQ * MAX_STEP * N_VOCAB * sizeof(float));
+    float *la = malloc((size_t)MAX_STEP * N_VOCAB * sizeof(float));
+    int32_t ids_t[N_SEQ * MAX_STEP], ids_a[MAX_STEP];
     CHECK(lt && la);
-    int32_t tok[N_SEQ][48], pos[N_SEQ][48], out[N_SEQ][8];
+    int32_t tok[N_SEQ][64], pos[N_SEQ][64], out[N_SEQ][MAX_STEP];
     for (int i = 0; i < N_SEQ; i++) {
         together[i] = cuda_seq_new(cm, err);
         alone[i] = cuda_seq_new(cm, err);
@@ -250,11 +246,13 @@ static void test_batched_equals_alone(void)
     }
     model_batch steps[N_SEQ];
     float *dst = lt;
+    int rows = 0;
     for (int i = 0; i < N_SEQ; i++) {
         steps[i] = (model_batch){.n_tokens = step[i], .tokens = tok[i] + prefix[i],
                                  .positions = pos[i] + prefix[i], .n_out = step[i],
                                  .out_rows = out[i], .logits = dst};
         dst += (size_t)step[i] * N_VOCAB;
+        rows += step[i];
     }
     CHECK_MSG(cuda_forward_batch(cm, N_SEQ, together, steps, ids_t, NULL, err) == 0, "%s", err);
     double worst = 0;
@@ -266,19 +264,35 @@ static void test_batched_equals_alone(void)
         CHECK_MSG(cuda_forward_batch(cm, 1, &alone[i], &one, ids_a, NULL, err) == 0, "%s", err);
         double rel = model_check_max_rel(la, dst, (size_t)step[i] * N_VOCAB);
         worst = rel > worst ? rel : worst;
-        for (int o = 0; o < step[i]; o++, k++)
-            CHECK_EQ(ids_t[k], ids_a[o]);
+        for (int o = 0; exact && o < step[i]; o++)
+            CHECK_EQ(ids_t[k + o], ids_a[o]);
+        k += step[i];
         dst += (size_t)step[i] * N_VOCAB;
         CHECK_EQ(cuda_seq_n_tokens(together[i]), prefix[i] + step[i]);
     }
-    printf("# stacked against alone: %.2e\n", worst);
-    CHECK(worst < 1e-4);
+    printf("# %d rows stacked against alone: %.2e\n", rows, worst);
+    CHECK(exact ? worst == 0 : worst < TOL_QUANT);
     for (int i = 0; i < N_SEQ; i++) {
         cuda_seq_free(together[i]);
         cuda_seq_free(alone[i]);
     }
     free(lt);
     free(la);
+}
+
+static void test_batched_equals_alone(void)
+{
+    if (!have_gpu())
+        return;
+    char err[ERR_MAX];
+    const char *path = make_model("qwen2", QTYPE_Q8_0, "batched");
+    model *m = path ? model_load(path, err) : NULL;
+    CHECK(m);
+    cuda_model *cm = cuda_model_new(m, 0, MAX_ROWS, 256, err);
+    CHECK_MSG(cm, "%s", err);
+    static const int eight[] = {1, 1, 5, 1}, wide[] = {1, 1, 20, 2};
+    check_stacked(cm, eight, true);
+    check_stacked(cm, wide, false);
     cuda_model_free(cm);
     model_free(m);
 }
