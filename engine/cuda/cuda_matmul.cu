@@ -681,7 +681,7 @@ size_t act_bytes(int64_t n_in, int n_cols)
 
 template <uint32_t T>
 cudaError_t launch_matvec(const cuda_weight *w, const float *x, int n_cols, float *y,
-                          bool accumulate, void *scratch, cudaStream_t stream)
+                          bool accumulate, void *scratch, bool quantize, cudaStream_t stream)
 {
     dim3 grid((unsigned)((w->n_out + ROWS_PER_BLOCK - 1) / ROWS_PER_BLOCK));
     dim3 block(ROWS_PER_BLOCK * WARP);
@@ -689,7 +689,7 @@ cudaError_t launch_matvec(const cuda_weight *w, const float *x, int n_cols, floa
     int8_t *xq = static_cast<int8_t *>(scratch);
     float2 *xs = integer_path<T>() ? reinterpret_cast<float2 *>(xq + (size_t)n_cols * w->n_in)
                                    : nullptr;
-    if constexpr (integer_path<T>()) {
+    if (integer_path<T>() && quantize) {
         int64_t n_blocks = n_cols * w->n_in / ACT_BLOCK;
         int threads = 256, blocks_per = threads / WARP;
         quantize_act_kernel<<<(unsigned)((n_blocks + blocks_per - 1) / blocks_per), threads, 0,
@@ -842,6 +842,14 @@ extern "C" size_t cuda_matvec_scratch_bytes(int64_t n_in, int n_cols)
 extern "C" cudaError_t cuda_matvec(const cuda_weight *w, const float *x, int n_cols, float *y,
                                    bool accumulate, void *scratch, cudaStream_t stream)
 {
+    bool x_in_scratch = false;
+    return cuda_matvec_shared(w, x, n_cols, y, accumulate, scratch, &x_in_scratch, stream);
+}
+
+extern "C" cudaError_t cuda_matvec_shared(const cuda_weight *w, const float *x, int n_cols,
+                                          float *y, bool accumulate, void *scratch,
+                                          bool *x_in_scratch, cudaStream_t stream)
+{
     if (!weight_ok(w) || !x || !y || ((uintptr_t)x & 15) != 0 || n_cols < 1 ||
         n_cols > CUDA_MATVEC_MAX_COLS)
         return cudaErrorInvalidValue;
@@ -850,7 +858,11 @@ extern "C" cudaError_t cuda_matvec(const cuda_weight *w, const float *x, int n_c
         if (integer_path<T>() &&
             (!scratch || ((uintptr_t)scratch & 15) != 0 || w->n_in % ACT_BLOCK != 0))
             return cudaErrorInvalidValue;
-        return launch_matvec<T>(w, x, n_cols, y, accumulate, scratch, stream);
+        cudaError_t e =
+            launch_matvec<T>(w, x, n_cols, y, accumulate, scratch, !*x_in_scratch, stream);
+        if (integer_path<T>() && e == cudaSuccess)
+            *x_in_scratch = true;
+        return e;
     });
 }
 

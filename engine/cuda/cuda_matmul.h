@@ -56,6 +56,14 @@ bool cuda_matmul_type_supported(uint32_t type);
 cudaError_t cuda_matvec(const cuda_weight *w, const float *x, int n_cols, float *y,
                         bool accumulate, void *scratch, cudaStream_t stream);
 
+/* cuda_matvec for products that share their input (q, k and v; gate and up): with
+ * *x_in_scratch true, scratch already holds x's 8-bit form, left there by an earlier call
+ * of this x and n_cols on this stream, and x is not quantized again; a call that leaves
+ * that form in scratch sets it (start with false for each new x). */
+cudaError_t cuda_matvec_shared(const cuda_weight *w, const float *x, int n_cols, float *y,
+                               bool accumulate, void *scratch, bool *x_in_scratch,
+                               cudaStream_t stream);
+
 /* Bytes of scratch cuda_matvec needs for n_cols activation rows of n_in elements (0 when
  * either is not positive). */
 size_t cuda_matvec_scratch_bytes(int64_t n_in, int n_cols);

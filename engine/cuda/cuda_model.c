@@ -614,12 +614,15 @@ void cuda_seq_entries(const cuda_seq *s, const int32_t **tokens, const int32_t *
 
 /* ---- the forward ---- */
 
-/* y (n, n_out) = x (n, n_in) . W^T (+= when accumulate). */
+/* y (n, n_out) = x (n, n_in) . W^T (+= when accumulate). x_in_scratch: as
+ * cuda_matvec_shared's, for products of one input (NULL: x is new). */
 static int cuda_matmul(cuda_model *cm, const cuda_weight *w, const float *x, int n, float *y,
-                       bool accumulate, char err[ERR_MAX])
+                       bool accumulate, bool *x_in_scratch, char err[ERR_MAX])
 {
     if (n <= CUDA_MATVEC_MAX_COLS) {
-        CUDA_TRY(cuda_matvec(w, x, n, y, accumulate, cm->matvec_scratch, cm->stream),
+        bool fresh = false;
+        CUDA_TRY(cuda_matvec_shared(w, x, n, y, accumulate, cm->matvec_scratch,
+                                    x_in_scratch ? x_in_scratch : &fresh, cm->stream),
                  "matrix-vector product");
         return 0;
     }
@@ -791,9 +794,10 @@ static int cuda_layer_forward(cuda_model *cm, int l, int n, bool write_through,
 
     CUDA_TRY(cuda_rmsnorm(cm->x, L->attn_norm, cm->xn, n, hp->dim, hp->norm_eps, st),
              "attention norm");
-    if (cuda_matmul(cm, &L->wq, cm->xn, n, cm->q, false, err) < 0 ||
-        cuda_matmul(cm, &L->wk, cm->xn, n, cm->k, false, err) < 0 ||
-        cuda_matmul(cm, &L->wv, cm->xn, n, cm->v, false, err) < 0)
+    bool xn_in_scratch = false;
+    if (cuda_matmul(cm, &L->wq, cm->xn, n, cm->q, false, &xn_in_scratch, err) < 0 ||
+        cuda_matmul(cm, &L->wk, cm->xn, n, cm->k, false, &xn_in_scratch, err) < 0 ||
+        cuda_matmul(cm, &L->wv, cm->xn, n, cm->v, false, &xn_in_scratch, err) < 0)
         return -1;
     if (L->bq) {
         CUDA_TRY(cuda_add_bias(cm->q, L->bq, n, cm->q_dim, st), "q bias");
@@ -810,12 +814,9 @@ static int cuda_layer_forward(cuda_model *cm, int l, int n, bool write_through,
     }
     if (hp->rope_dims > 0) {
         bool interleaved = hp->rope_style == MODEL_ROPE_INTERLEAVED;
-        CUDA_TRY(cuda_rope(cm->q, cs, n, hp->n_head, hp->head_dim, hp->rope_dims, interleaved,
-                           st),
-                 "RoPE of q");
-        CUDA_TRY(cuda_rope(cm->k, cs, n, hp->n_head_kv, hp->head_dim, hp->rope_dims,
-                           interleaved, st),
-                 "RoPE of k");
+        CUDA_TRY(cuda_rope(cm->q, cm->k, cs, n, hp->n_head, hp->n_head_kv, hp->head_dim,
+                           hp->rope_dims, interleaved, st),
+                 "RoPE");
     }
     CUDA_TRY(cuda_kv_append(cm->k, cm->v, rows, n, cm->kv_dim, l, hp->n_layer, cm->max_kv,
                             write_through ? cm->kv_out : NULL, st),
@@ -823,16 +824,17 @@ static int cuda_layer_forward(cuda_model *cm, int l, int n, bool write_through,
     CUDA_TRY(cuda_attention(cm->q, rows, n, hp->n_head, hp->n_head_kv, hp->head_dim, layer_off,
                             hp->attn_scale, cm->att, st),
              "attention");
-    if (cuda_matmul(cm, &L->wo, cm->att, n, cm->x, true, err) < 0)
+    if (cuda_matmul(cm, &L->wo, cm->att, n, cm->x, true, NULL, err) < 0)
         return -1;
 
     CUDA_TRY(cuda_rmsnorm(cm->x, L->ffn_norm, cm->xn, n, hp->dim, hp->norm_eps, st),
              "feed-forward norm");
-    if (cuda_matmul(cm, &L->w_gate, cm->xn, n, cm->gate, false, err) < 0 ||
-        cuda_matmul(cm, &L->w_up, cm->xn, n, cm->up, false, err) < 0)
+    xn_in_scratch = false;
+    if (cuda_matmul(cm, &L->w_gate, cm->xn, n, cm->gate, false, &xn_in_scratch, err) < 0 ||
+        cuda_matmul(cm, &L->w_up, cm->xn, n, cm->up, false, &xn_in_scratch, err) < 0)
         return -1;
     CUDA_TRY(cuda_swiglu(cm->gate, cm->up, (size_t)n * hp->n_ff, st), "SwiGLU");
-    return cuda_matmul(cm, &L->w_down, cm->gate, n, cm->x, true, err);
+    return cuda_matmul(cm, &L->w_down, cm->gate, n, cm->x, true, NULL, err);
 }
 
 static int cuda_layers_launched(cuda_model *cm, int n, bool write_through, char err[ERR_MAX])
@@ -910,7 +912,7 @@ static int cuda_outputs(cuda_model *cm, int n_seq, const model_batch *batches, i
     if (want_logits) {
         CUDA_TRY(cuda_rmsnorm(cm->xo, cm->output_norm, cm->xn, n_out, hp->dim, hp->norm_eps, st),
                  "output norm");
-        if (cuda_matmul(cm, &cm->output, cm->xn, n_out, cm->logits, false, err) < 0)
+        if (cuda_matmul(cm, &cm->output, cm->xn, n_out, cm->logits, false, NULL, err) < 0)
             return -1;
     }
     if (argmax) {

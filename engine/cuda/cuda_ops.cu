@@ -110,31 +110,35 @@ cudaError_t cuda_add_bias(float *x, const float *b, int n, int dim, cudaStream_t
     return cudaGetLastError();
 }
 
-/* One thread per (row, head, pair). */
-__global__ static void cuda_rope_kernel(float *x, const float *cs, int n, int n_head, int hd,
-                                        int rope_dims, bool interleaved)
+/* One thread per (row, head, pair), q's heads then k's. */
+__global__ static void cuda_rope_kernel(float *q, float *k, const float *cs, int n, int n_head,
+                                        int n_head_kv, int hd, int rope_dims, bool interleaved)
 {
     int half = rope_dims / 2;
     size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= (size_t)n * n_head * half)
+    size_t q_pairs = (size_t)n * n_head * half;
+    if (i >= q_pairs + (size_t)n * n_head_kv * half)
         return;
-    int pair = (int)(i % half);
-    size_t head = i / half;
-    int row = (int)(head / n_head);
+    bool is_k = i >= q_pairs;
+    size_t j = is_k ? i - q_pairs : i;
+    int heads = is_k ? n_head_kv : n_head;
+    int pair = (int)(j % half);
+    size_t head = j / half;
+    int row = (int)(head / heads);
     float c = cs[((size_t)row * half + pair) * 2], sn = cs[((size_t)row * half + pair) * 2 + 1];
-    float *xh = x + head * hd;
+    float *xh = (is_k ? k : q) + head * hd;
     int a = interleaved ? 2 * pair : pair, b = interleaved ? 2 * pair + 1 : pair + half;
     float x0 = xh[a], x1 = xh[b];
     xh[a] = x0 * c - x1 * sn;
     xh[b] = x0 * sn + x1 * c;
 }
 
-cudaError_t cuda_rope(float *x, const float *cs, int n, int n_head, int hd, int rope_dims,
-                      bool interleaved, cudaStream_t s)
+cudaError_t cuda_rope(float *q, float *k, const float *cs, int n, int n_head, int n_head_kv,
+                      int hd, int rope_dims, bool interleaved, cudaStream_t s)
 {
-    size_t total = (size_t)n * n_head * (rope_dims / 2);
-    cuda_rope_kernel<<<cuda_blocks(total, 256), 256, 0, s>>>(x, cs, n, n_head, hd, rope_dims,
-                                                            interleaved);
+    size_t total = (size_t)n * (n_head + n_head_kv) * (rope_dims / 2);
+    cuda_rope_kernel<<<cuda_blocks(total, 256), 256, 0, s>>>(q, k, cs, n, n_head, n_head_kv, hd,
+                                                            rope_dims, interleaved);
     return cudaGetLastError();
 }
 

@@ -44,11 +44,11 @@ cudaError_t cuda_head_rmsnorm(float *x, const float *w, int n_vec, int hd, float
 /* x (n, dim) += b (dim) per row. */
 cudaError_t cuda_add_bias(float *x, const float *b, int n, int dim, cudaStream_t s);
 
-/* Rotates the first rope_dims of each of the n_head heads of x (n, n_head, hd) by cs (n,
- * rope_dims / 2, 2) (cos, sin) pairs; pairs (2i, 2i+1) when interleaved, else (i, i +
- * rope_dims / 2). */
-cudaError_t cuda_rope(float *x, const float *cs, int n, int n_head, int hd, int rope_dims,
-                      bool interleaved, cudaStream_t s);
+/* Rotates the first rope_dims of each head of q (n, n_head, hd) and k (n, n_head_kv, hd)
+ * by cs (n, rope_dims / 2, 2) (cos, sin) pairs, in one launch; pairs (2i, 2i+1) when
+ * interleaved, else (i, i + rope_dims / 2). */
+cudaError_t cuda_rope(float *q, float *k, const float *cs, int n, int n_head, int n_head_kv,
+                      int hd, int rope_dims, bool interleaved, cudaStream_t s);
 
 /* Writes rows' k and v (n, kv_dim) as f16 into their slots of layer `layer`'s cache
  * (layer * max_kv * kv_dim halves in), and at layer 0 each row's position into pos[slot].
