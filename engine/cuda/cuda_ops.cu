@@ -15,6 +15,9 @@
 #include <math.h>
 
 #define CUDA_ATTN_WARPS 8
+/* (row, KV head) blocks from which a step's attention groups the query heads of a KV
+ * head in one block (cuda_attention_group_kernel) */
+#define CUDA_ATTN_GROUP_MIN_BLOCKS 64
 
 static inline unsigned cuda_blocks(size_t n, unsigned threads)
 {
@@ -301,12 +304,216 @@ __global__ static void cuda_attention_kernel(const float *q, const cuda_row *row
         }
 }
 
+/*
+ * Block (KV head, row): the g = n_head / n_head_kv query heads that share a KV head,
+ * together. Each K and V row is then read once for all of them, not once per head: a
+ * prefill's attention is bound by those loads' latency, which this divides by g. Lane j
+ * scores entry j of its warp's tile against every head of the group; each head keeps its
+ * own online softmax; the tile's probabilities go through shared memory to the V pass.
+ * head_dim up to 128 (NI <= 4), groups up to GM heads.
+ */
+template <int NI, int GM>
+__global__ static void cuda_attention_group_kernel(const float *q, const cuda_row *rows,
+                                                   int n_head, int n_head_kv, int hd,
+                                                   size_t layer_off, float scale, float *out)
+{
+    __shared__ float qs[GM][NI * 32];
+    __shared__ float warp_m[CUDA_ATTN_WARPS][GM], warp_l[CUDA_ATTN_WARPS][GM];
+    __shared__ float warp_acc[CUDA_ATTN_WARPS][GM][NI * 32];
+    __shared__ float warp_p[CUDA_ATTN_WARPS][GM][32];
+    __shared__ float fin_m[GM], fin_l[GM];
+
+    const int kvh = blockIdx.x, r = blockIdx.y;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = n_head / n_head_kv;
+    const cuda_row row = rows[r];
+    const int kv_dim = n_head_kv * hd;
+    const __half *K = (const __half *)row.k + layer_off + (size_t)kvh * hd;
+    const __half *V = (const __half *)row.v + layer_off + (size_t)kvh * hd;
+    const float *qr = q + ((size_t)r * n_head + (size_t)kvh * g) * hd;
+
+    for (int i = threadIdx.x; i < g * hd; i += blockDim.x)
+        qs[i / hd][i % hd] = qr[i] * scale;
+    __syncthreads();
+
+    float m[GM], l[GM], acc[GM][NI];
+#pragma unroll
+    for (int h = 0; h < GM; h++) {
+        m[h] = -INFINITY;
+        l[h] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < NI; i++)
+            acc[h][i] = 0.0f;
+    }
+
+    const int n_tiles = (row.n_kv + 31) / 32;
+    const int last = row.n_kv - 1;
+    for (int tile = warp; tile < n_tiles; tile += CUDA_ATTN_WARPS) {
+        int j0 = tile * 32, j = j0 + lane;
+        bool seen = j < row.n_kv && row.pos[j] <= row.q_pos;
+        if (!__any_sync(0xffffffffu, seen))
+            continue;
+        float sc[GM];
+#pragma unroll
+        for (int h = 0; h < GM; h++)
+            sc[h] = 0.0f;
+        if (seen) {
+            const uint4 *kj = (const uint4 *)(K + (size_t)j * kv_dim);
+            for (int c = 0; c < hd / 8; c++) {
+                uint4 u = kj[c];
+                const __half2 *h2 = (const __half2 *)&u;
+                float f[8];
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float2 t = __half22float2(h2[e]);
+                    f[2 * e] = t.x;
+                    f[2 * e + 1] = t.y;
+                }
+#pragma unroll
+                for (int h = 0; h < GM; h++)
+                    if (h < g)
+#pragma unroll
+                        for (int e = 0; e < 8; e++)
+                            sc[h] += qs[h][c * 8 + e] * f[e];
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < GM; h++) {
+            if (h >= g)
+                break;
+            float s = seen ? sc[h] : -INFINITY;
+            float m_new = fmaxf(m[h], cuda_warp_max(s));
+            float corr = expf(m[h] - m_new);
+            float p = seen ? expf(s - m_new) : 0.0f;
+            l[h] = l[h] * corr + cuda_warp_sum(p);
+#pragma unroll
+            for (int i = 0; i < NI; i++)
+                acc[h][i] *= corr;
+            m[h] = m_new;
+            warp_p[warp][h][lane] = p;
+        }
+        __syncwarp();
+        constexpr int U = 4;
+        for (int jj = 0; jj < 32; jj += U) {
+            float vv[U][NI];
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                const __half *vj = V + (size_t)min(j0 + jj + u, last) * kv_dim;
+#pragma unroll
+                for (int i = 0; i < NI; i++) {
+                    int d = lane + 32 * i;
+                    vv[u][i] = d < hd ? __half2float(vj[d]) : 0.0f;
+                }
+            }
+#pragma unroll
+            for (int h = 0; h < GM; h++)
+                if (h < g)
+#pragma unroll
+                    for (int u = 0; u < U; u++) {
+                        float pj = warp_p[warp][h][jj + u];
+#pragma unroll
+                        for (int i = 0; i < NI; i++)
+                            acc[h][i] += pj * vv[u][i];
+                    }
+        }
+        __syncwarp();
+    }
+
+#pragma unroll
+    for (int h = 0; h < GM; h++) {
+        if (lane == 0) {
+            warp_m[warp][h] = m[h];
+            warp_l[warp][h] = l[h];
+        }
+#pragma unroll
+        for (int i = 0; i < NI; i++)
+            warp_acc[warp][h][lane + 32 * i] = acc[h][i];
+    }
+    __syncthreads();
+    if (threadIdx.x < g) {
+        int h = threadIdx.x;
+        float m_all = -INFINITY, l_all = 0.0f;
+        for (int w = 0; w < CUDA_ATTN_WARPS; w++)
+            m_all = fmaxf(m_all, warp_m[w][h]);
+        for (int w = 0; w < CUDA_ATTN_WARPS; w++)
+            if (warp_l[w][h] > 0.0f)
+                l_all += warp_l[w][h] * expf(warp_m[w][h] - m_all);
+        fin_m[h] = m_all;
+        fin_l[h] = l_all;
+    }
+    __syncthreads();
+    float *o = out + ((size_t)r * n_head + (size_t)kvh * g) * hd;
+    for (int i = threadIdx.x; i < g * hd; i += blockDim.x) {
+        int h = i / hd, d = i % hd;
+        float sum = 0.0f;
+        for (int w = 0; w < CUDA_ATTN_WARPS; w++)
+            if (warp_l[w][h] > 0.0f)
+                sum += warp_acc[w][h][d] * expf(warp_m[w][h] - fin_m[h]);
+        o[i] = sum / fin_l[h];
+    }
+    /* the probabilities again, from the scores and each head's final max and sum */
+    if (row.recv)
+        for (int tile = warp; tile < n_tiles; tile += CUDA_ATTN_WARPS) {
+            int j = tile * 32 + lane;
+            float got = 0.0f;
+            for (int h = 0; h < g; h++) {
+                float s = cuda_attn_score(qs[h], K, row, j, hd, kv_dim);
+                if (s != -INFINITY)
+                    got += expf(s - fin_m[h]) / fin_l[h];
+            }
+            if (got > 0.0f)
+                atomicAdd(row.recv + j, got);
+        }
+}
+
+template <int NI>
+static void cuda_attention_group(dim3 grid, int g, const float *q, const cuda_row *rows,
+                                 int n_head, int n_head_kv, int hd, size_t layer_off,
+                                 float scale, float *out, cudaStream_t s)
+{
+    dim3 block(32 * CUDA_ATTN_WARPS);
+    if (g <= 2)
+        cuda_attention_group_kernel<NI, 2><<<grid, block, 0, s>>>(q, rows, n_head, n_head_kv,
+                                                                  hd, layer_off, scale, out);
+    else if (g <= 4)
+        cuda_attention_group_kernel<NI, 4><<<grid, block, 0, s>>>(q, rows, n_head, n_head_kv,
+                                                                  hd, layer_off, scale, out);
+    else
+        cuda_attention_group_kernel<NI, 8><<<grid, block, 0, s>>>(q, rows, n_head, n_head_kv,
+                                                                  hd, layer_off, scale, out);
+}
+
 cudaError_t cuda_attention(const float *q, const cuda_row *rows, int n, int n_head,
                            int n_head_kv, int hd, size_t layer_off, float scale, float *out,
                            cudaStream_t s)
 {
     if (hd <= 0 || hd % 8 || hd > CUDA_ATTN_MAX_HEAD_DIM || n_head % n_head_kv)
         return cudaErrorInvalidValue;
+    /* the grouped kernel where its blocks still fill the GPU (prefill, wide steps); a
+     * decode of a few rows keeps a block per head */
+    int g = n_head / n_head_kv;
+    if (hd <= 128 && g > 1 && g <= 8 && (size_t)n * n_head_kv >= CUDA_ATTN_GROUP_MIN_BLOCKS) {
+        dim3 grid((unsigned)n_head_kv, (unsigned)n);
+        switch ((hd + 31) / 32) {
+        case 1:
+            cuda_attention_group<1>(grid, g, q, rows, n_head, n_head_kv, hd, layer_off, scale,
+                                    out, s);
+            break;
+        case 2:
+            cuda_attention_group<2>(grid, g, q, rows, n_head, n_head_kv, hd, layer_off, scale,
+                                    out, s);
+            break;
+        case 3:
+            cuda_attention_group<3>(grid, g, q, rows, n_head, n_head_kv, hd, layer_off, scale,
+                                    out, s);
+            break;
+        default:
+            cuda_attention_group<4>(grid, g, q, rows, n_head, n_head_kv, hd, layer_off, scale,
+                                    out, s);
+            break;
+        }
+        return cudaGetLastError();
+    }
     dim3 grid((unsigned)n_head, (unsigned)n), block(32 * CUDA_ATTN_WARPS);
     switch ((hd + 31) / 32) {
     case 1:
