@@ -1,7 +1,8 @@
 # llmsd — one Makefile for everything.
 #
 #   make            build libraries, llmsd, clients, tools and benchmarks (release)
-#   make check      install build deps, build, run all tests (release + ASan/UBSan)
+#   make check      install build deps, build, run all tests (release + ASan/UBSan; the
+#                   CUDA backend compiled and host-checked where nvcc is found)
 #   make run        build and show llmsd serving a client
 #   make install    install (honours DESTDIR and PREFIX)
 #   make tsan       build and run the tests under ThreadSanitizer (slow; not in check)
@@ -141,7 +142,7 @@ FUZZ_BIN    := $(patsubst tests/fuzz/%.c,$(BUILD)/%,$(wildcard tests/fuzz/fuzz_*
 # Everything a program may need, highest layer first (static libraries link in order).
 ALL_LIBS    := $(DAEMON_LIB) $(CLIENT_LIB) $(STORAGE_LIB) $(PROTO_LIB) $(ENGINE_LIB)
 
-.PHONY: all deps check tsan tests run install fuzz fuzz-targets bench settings-docs clean
+.PHONY: all deps check cuda-check tsan tests run install fuzz fuzz-targets bench settings-docs clean
 .DELETE_ON_ERROR:
 .SECONDARY:
 
@@ -241,12 +242,31 @@ tests: $(TEST_BIN) $(TOOL_BIN) $(DAEMON_BIN) $(CLIENT_CMD) $(CLIENT_SO)
 
 bench: $(BENCH_BIN)
 
-# The whole suite: release build, then the same tests built with ASan/UBSan.
+# The whole suite: release build, then the same tests built with ASan/UBSan; and the CUDA
+# backend compiled where a toolkit is found (cuda-check).
 check: deps
 	@$(MAKE) --no-print-directory all tests
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" tests
+	@$(MAKE) --no-print-directory cuda-check
 	@sh tests/run.sh build build/asan
+
+# Most machines that run the suite have no GPU, but may have the toolkit: there the CUDA
+# backend is compiled (build/cuda) and its GPU tests run their host-side checks (the
+# kernels' block decoding against the engine's) and skip the rest, so that it keeps
+# building between the sessions that have a GPU. Without nvcc it says so and passes.
+CUDA_CHECK_HOME ?= /usr/local/cuda
+cuda-check:
+	@if [ -x $(CUDA_CHECK_HOME)/bin/nvcc ]; then \
+	    $(MAKE) --no-print-directory CUDA=1 CUDA_HOME=$(CUDA_CHECK_HOME) \
+	        build/cuda/tests/engine/test_cuda_matmul build/cuda/tests/engine/test_cuda && \
+	    build/cuda/tests/engine/test_cuda_matmul >build/cuda/test_cuda_matmul.log 2>&1 && \
+	    build/cuda/tests/engine/test_cuda >build/cuda/test_cuda.log 2>&1 && \
+	    echo "cuda-check: the CUDA backend compiles with $(CUDA_CHECK_HOME)/bin/nvcc; its host checks pass (build/cuda/*.log)" || \
+	    { echo "cuda-check: FAILED (build/cuda/*.log)"; exit 1; }; \
+	else \
+	    echo "cuda-check: no $(CUDA_CHECK_HOME)/bin/nvcc: the CUDA backend is not compiled"; \
+	fi
 
 # The suite under ThreadSanitizer, in build/tsan. Not part of check: it runs the daemon
 # and the engine 5-15 times slower. A race stops the process that has it (halt_on_error),
