@@ -48,7 +48,9 @@
  * step), batch 1's speed-up from replaying CUDA graphs over launching each kernel (the
  * same decode run both ways), the prefill's effective TFLOP/s (2 x weights x tokens /
  * time) and, for wider batches, the speed-up over batch 1. One JSON object per model and
- * batch.
+ * batch. With --llama-bench (a CUDA build of llama.cpp's), each run is paired with one of
+ * its runs on the same file with every layer on the GPU (-ngl 99), and the batch-1 line
+ * gets its medians and our ratios to them.
  *
  * Prints one JSON object per model and load mode with the median of the runs. --load
  * picks how the weights come into memory (engine/gguf/gguf.h): mapped from the file (map, the
@@ -134,8 +136,10 @@ static int run_llama_bench(const char *path, const bench_options *o, llama_run *
         return -1;
     }
     char cmd[2048];
-    snprintf(cmd, sizeof cmd, "'%s' -m '%s' -p %d -n %d -t %d -r 1 -o csv 2>/dev/null",
-             o->llama_bench, path, o->n_prompt, o->n_gen, o->n_threads);
+    /* on a GPU: every layer there (-ngl 99), llama.cpp's CUDA build */
+    snprintf(cmd, sizeof cmd, "'%s' -m '%s' -p %d -n %d -t %d -r 1%s -o csv 2>/dev/null",
+             o->llama_bench, path, o->n_prompt, o->n_gen, o->n_threads,
+             o->device >= 0 ? " -ngl 99" : "");
     fflush(stdout);
     FILE *p = popen(cmd, "r");
     if (!p) {
@@ -497,8 +501,18 @@ static int bench_model_cuda(const char *path, const bench_options *o)
         positions[i] = i;
     }
     double prefill[MAX_RUNS], decode[CUDA_BATCHES][MAX_RUNS], decode_launched[MAX_RUNS];
+    double their_prefill[MAX_RUNS], their_decode[MAX_RUNS];
     /* one run's worth first: cuBLAS picks its kernels and the clocks rise */
     for (int run = -1; run < o->n_runs; run++) {
+        /* llama.cpp's run of the same file beside each of ours (its model on the GPU
+         * while ours is too: the card has room for both) */
+        llama_run theirs;
+        if (o->llama_bench && run >= 0) {
+            if (run_llama_bench(path, o, &theirs))
+                goto out;
+            their_prefill[run] = theirs.prefill_tok_s;
+            their_decode[run] = theirs.decode_tok_s;
+        }
         int32_t last = o->n_prompt - 1, id;
         model_batch b = {.n_tokens = o->n_prompt, .tokens = tokens, .positions = positions,
                          .n_out = 1, .out_rows = &last};
@@ -562,6 +576,13 @@ static int bench_model_cuda(const char *path, const bench_options *o)
                    bench_median(decode_launched, o->n_runs),
                    dec / bench_median(decode_launched, o->n_runs), o->n_prompt, prefill_med,
                    2 * params * prefill_med / 1e12);
+        if (k == 0 && o->llama_bench) {
+            double tp = bench_median(their_prefill, o->n_runs);
+            double td = bench_median(their_decode, o->n_runs);
+            printf(",\"llamacpp_prefill_tok_s\":%.1f,\"llamacpp_decode_tok_s\":%.1f,"
+                   "\"prefill_ratio\":%.3f,\"decode_ratio\":%.3f",
+                   tp, td, prefill_med / tp, dec / td);
+        }
         else
             printf(",\"speedup_over_batch1\":%.2f", dec / dec1);
         printf("}\n");

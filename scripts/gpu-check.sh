@@ -12,6 +12,8 @@
 # Random-weight benchmark models are generated here (build/bench-models), not copied.
 #
 #   GPU_CHECK_BENCH=0   skip the benchmark; GPU_CHECK_BENCH_ARGS adds to its arguments
+#   LLAMA_BENCH=PATH    a llama-bench of llama.cpp's CUDA build (made elsewhere, never in
+#                       this tree): each benchmark run is paired with one of its runs
 set -u
 out=${1:?usage: scripts/gpu-check.sh OUTDIR}
 mkdir -p "$out" build
@@ -54,7 +56,8 @@ if [ "${GPU_CHECK_BENCH:-1}" != 0 ]; then
     say "bench/engine --device cuda"
     # shellcheck disable=SC2086
     timeout 420 build/cuda/bench/engine --device cuda -r 3 --prompt 512 --gen 128 \
-        ${GPU_CHECK_BENCH_ARGS:-} >"$out/bench.json" 2>"$out/bench.log"
+        ${LLAMA_BENCH:+--llama-bench "$LLAMA_BENCH"} ${GPU_CHECK_BENCH_ARGS:-} \
+        >"$out/bench.json" 2>"$out/bench.log"
     rc=$?
     tail -5 "$out/bench.log"
     cat "$out/bench.json"
