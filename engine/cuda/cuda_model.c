@@ -960,27 +960,38 @@ static int cuda_received(cuda_model *cm, int n_seq, cuda_seq *const *seqs,
     return 0;
 }
 
-/* The step's new K/V (cm->kv_out_host) appended to each host sequence, in space
- * reserved before the step. */
+/* Appends one entry to host, in space reserved there: its token and position, and layer
+ * l's K from k + l * layer_stride, its V from v + l * layer_stride (kv_dim halves each).
+ * -1 when no room was reserved. */
+static int cuda_host_append(kv_seq *host, kv_shape shape, int32_t token, int32_t pos,
+                            const uint16_t *k, const uint16_t *v, size_t layer_stride)
+{
+    kv_chunk *c;
+    int idx, hd = shape.head_dim;
+    if (kv_seq_append(host, token, pos, &c, &idx) < 0)
+        return -1;
+    for (int l = 0; l < shape.n_layer; l++)
+        for (int h = 0; h < shape.n_head_kv; h++) {
+            size_t src = l * layer_stride + (size_t)h * hd;
+            memcpy(kv_chunk_k_f16(c, shape, l, h) + (size_t)idx * hd, k + src, (size_t)hd * 2);
+            memcpy(kv_chunk_v_f16(c, shape, l, h) + (size_t)idx * hd, v + src, (size_t)hd * 2);
+        }
+    return 0;
+}
+
+/* The step's new K/V (cm->kv_out_host: (row, layer, K then V, kv_dim)) appended to each
+ * host sequence, in space reserved before the step. */
 static void cuda_write_through(cuda_model *cm, int n_seq, const model_batch *batches,
                                kv_seq *const *hosts)
 {
     kv_shape shape = model_kv_shape(cm->m);
-    int hd = shape.head_dim, r = 0;
+    size_t layer_stride = (size_t)2 * cm->kv_dim;
+    int r = 0;
     for (int i = 0; i < n_seq; i++)
         for (int t = 0; t < batches[i].n_tokens; t++, r++) {
-            kv_chunk *c;
-            int idx;
-            kv_seq_append(hosts[i], batches[i].tokens[t], batches[i].positions[t], &c, &idx);
-            for (int l = 0; l < shape.n_layer; l++) {
-                const uint16_t *k = cm->kv_out_host + ((size_t)r * shape.n_layer + l) * 2 * cm->kv_dim;
-                for (int h = 0; h < shape.n_head_kv; h++) {
-                    memcpy(kv_chunk_k_f16(c, shape, l, h) + (size_t)idx * hd, k + (size_t)h * hd,
-                           (size_t)hd * 2);
-                    memcpy(kv_chunk_v_f16(c, shape, l, h) + (size_t)idx * hd,
-                           k + cm->kv_dim + (size_t)h * hd, (size_t)hd * 2);
-                }
-            }
+            const uint16_t *k = cm->kv_out_host + (size_t)r * shape.n_layer * layer_stride;
+            cuda_host_append(hosts[i], shape, batches[i].tokens[t], batches[i].positions[t], k,
+                             k + cm->kv_dim, layer_stride);
         }
 }
 
@@ -1061,7 +1072,6 @@ int cuda_seq_to_host(const cuda_seq *s, int from, kv_seq *host, char err[ERR_MAX
 {
     cuda_model *cm = s->cm;
     kv_shape shape = model_kv_shape(cm->m);
-    int hd = shape.head_dim;
     if (from < 0 || from > s->n || kv_seq_n_tokens(host) != from) {
         snprintf(err, ERR_MAX, "cuda: the host sequence has %d entries, not %d",
                  kv_seq_n_tokens(host), from);
@@ -1077,20 +1087,12 @@ int cuda_seq_to_host(const cuda_seq *s, int from, kv_seq *host, char err[ERR_MAX
         if (cuda_stage_copy(cm, s, at, n, false, err) < 0)
             return -1;
         for (int e = 0; e < n; e++) {
-            kv_chunk *c;
-            int idx;
-            if (kv_seq_append(host, s->tokens_h[at + e], s->pos_h[at + e], &c, &idx) < 0) {
+            const uint16_t *k = cm->stage + (size_t)e * cm->kv_dim;
+            if (cuda_host_append(host, shape, s->tokens_h[at + e], s->pos_h[at + e], k,
+                                 k + v_off, layer_stage) < 0) {
                 snprintf(err, ERR_MAX, "cuda: the host sequence has no room reserved");
                 return -1;
             }
-            for (int l = 0; l < shape.n_layer; l++)
-                for (int h = 0; h < shape.n_head_kv; h++) {
-                    size_t src = l * layer_stage + (size_t)e * cm->kv_dim + (size_t)h * hd;
-                    memcpy(kv_chunk_k_f16(c, shape, l, h) + (size_t)idx * hd, cm->stage + src,
-                           (size_t)hd * 2);
-                    memcpy(kv_chunk_v_f16(c, shape, l, h) + (size_t)idx * hd,
-                           cm->stage + v_off + src, (size_t)hd * 2);
-                }
         }
     }
     return 0;

@@ -401,10 +401,10 @@ model_residency model_weight_residency(const model *m, size_t resident_bytes);
  * every step's new entries are also appended to its kv_seq, so that the host sequences
  * stay whole and everything that reads, stores, compresses or swaps them works as before
  * (engine/model/offload.h). Batches that ask for per-layer hidden states, attention
- * probabilities or adapter views' rows still run on the CPU. Numerics: the GPU's products
- * keep f32 activations (f16 on cuBLAS's tensor cores for more than 8 rows of float
- * weights, 32 of quantized ones), so logits differ from the CPU path's by rounding
- * (tests/engine/test_cuda.c). -1 + err when the backend refuses the model, the device
+ * probabilities or adapter views' rows still run on the CPU. Numerics: products of up to
+ * 8 rows round the activations of quantized weights to 8 bits (as the CPU's dot kernels
+ * do, differently), wider ones run on cuBLAS with f16 activations, so logits differ from
+ * the CPU path's by rounding (engine/cuda/README.md, tests/engine/test_cuda.c). -1 + err when the backend refuses the model, the device
  * or its memory (the runner then stays on the CPU), and for shared or streaming runners.
  */
 int model_runner_use_gpu(model_runner *r, int device, char err[ERR_MAX]);

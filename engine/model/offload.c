@@ -25,6 +25,7 @@ struct offload {
     int max_batch;
     int n_vocab;
     uint64_t step;
+    int32_t *slice_out;  /* (max_batch) a sub-batch's out rows (offload_slice) */
     int n_copies;
     offload_copy copies[OFFLOAD_MAX_COPIES];
 };
@@ -43,6 +44,11 @@ offload *offload_new(const model *m, int device, int max_batch, int max_kv, char
         return NULL;
     }
     o->max_batch = cuda_model_max_batch(o->cm);
+    if (!(o->slice_out = malloc((size_t)o->max_batch * sizeof *o->slice_out))) {
+        snprintf(err, ERR_MAX, "out of memory");
+        offload_free(o);
+        return NULL;
+    }
     return o;
 }
 
@@ -53,6 +59,7 @@ void offload_free(offload *o)
     for (int i = 0; i < o->n_copies; i++)
         cuda_seq_free(o->copies[i].dev);
     cuda_model_free(o->cm);
+    free(o->slice_out);
     free(o);
 }
 
@@ -176,17 +183,11 @@ int offload_forward_batch(offload *o, int n_seq, kv_seq *const *seqs,
         return cuda_forward_batch(o->cm, n_seq, devs, batches, NULL, seqs, err);
 
     const model_batch *b = &batches[0];
-    int32_t *out_rows = malloc((size_t)o->max_batch * sizeof *out_rows);
-    if (!out_rows) {
-        snprintf(err, ERR_MAX, "out of memory");
-        return -1;
-    }
     int rc = 0, dim = model_hparams_of(o->m)->dim;
     for (int t0 = 0; t0 < b->n_tokens && rc == 0; t0 += o->max_batch) {
         int n = b->n_tokens - t0 < o->max_batch ? b->n_tokens - t0 : o->max_batch;
-        model_batch s = offload_slice(b, t0, n, o->n_vocab, dim, out_rows);
+        model_batch s = offload_slice(b, t0, n, o->n_vocab, dim, o->slice_out);
         rc = cuda_forward_batch(o->cm, 1, devs, &s, NULL, seqs, err);
     }
-    free(out_rows);
     return rc;
 }
