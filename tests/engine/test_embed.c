@@ -166,10 +166,13 @@ static void test_pooling_matches_reference(void)
     CHECK(embed_tokens(f.e, tok, 100, EMBED_CLS, cls, err) == 0);
     reference(&f, tok, 100, EMBED_CLS, ref);
     CHECK(max_diff(cls, ref, DIM) < 1e-4);
-    /* causal: the first token's state is the same whatever follows it */
+    /* causal: the first token's state is the same whatever follows it. The 100-row
+     * prefill and the 1-row step take different f32 matrix products (the scalar build's
+     * differ by 1.7e-5 here); a token that saw its followers would move by over 1e-2,
+     * as last and mean differ above. */
     float cls_one[DIM];
     CHECK(embed_tokens(f.e, tok, 1, EMBED_CLS, cls_one, err) == 0);
-    CHECK(max_diff(cls, cls_one, DIM) < 1e-5);
+    CHECK(max_diff(cls, cls_one, DIM) < 1e-4);
     CHECK_EQ(kv_pool_n_used(f.pool), 0);
     fx_close(&f);
 }
