@@ -187,12 +187,9 @@ static char *last_reply_text(const tokenizer *tok, const ctx_entry *c)
     size_t len = 0, cap = 64;
     char *s = malloc(cap);
     for (int i = 0; s && i < n; i++) {
-        char piece[256];
-        int pl = tok_piece(tok, ids[i], piece, sizeof piece);
+        int pl = tok_piece(tok, ids[i], NULL, 0);
         if (pl < 0)
             continue;
-        if (pl > (int)sizeof piece - 1)
-            pl = (int)sizeof piece - 1;
         if (len + (size_t)pl + 1 > cap) {
             cap = 2 * (len + (size_t)pl + 1);
             char *p = realloc(s, cap);
@@ -202,7 +199,7 @@ static char *last_reply_text(const tokenizer *tok, const ctx_entry *c)
             }
             s = p;
         }
-        memcpy(s + len, piece, (size_t)pl);
+        tok_piece(tok, ids[i], s + len, (size_t)pl + 1);
         len += (size_t)pl;
     }
     if (s)

@@ -803,6 +803,8 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     int n_prompt = 0, status = 1;
     int32_t *prompt = NULL, *history = NULL, *positions = NULL;
     float *logits = NULL;
+    char *piece = NULL, *shown = NULL; /* a token's text, what the stop strings let by */
+    size_t piece_cap = tok_max_piece_len(tok) + 1;
     sampler *smp = NULL;
     jsonmask_vocab *json_vocab = NULL;
     jsonschema *schema = NULL;
@@ -883,7 +885,9 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     history = malloc(sizeof *history * (size_t)(n_prompt + o->n_predict));
     positions = malloc(sizeof *positions * (size_t)n_prompt);
     logits = malloc(sizeof *logits * (size_t)n_vocab);
-    if (!history || !positions || !logits) {
+    piece = malloc(piece_cap);
+    shown = malloc(STOP_OUT_CAP(piece_cap));
+    if (!history || !positions || !logits || !piece || !shown) {
         fprintf(stderr, "llms-run: out of memory\n");
         goto out;
     }
@@ -899,7 +903,6 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     /* the first token comes from the prompt's logits: the decode rate counts the forward
      * passes (n_eval), one fewer than the tokens when no stop cuts the reply short */
     int n_hist = n_prompt, n_gen = 0, n_eval = 0;
-    char piece[256], shown[STOP_OUT_CAP(sizeof piece)];
     t0 = clock_mono_s();
     while (n_gen < o->n_predict) {
         int32_t next = constrained ? sampler_sample_allowed(smp, logits, history, n_hist, &allowed)
@@ -922,11 +925,9 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
             printf(n_gen > 1 ? " %d" : "%d", next);
             fflush(stdout);
         } else {
-            int len = tok_piece(tok, next, piece, sizeof piece);
-            if (len > (int)sizeof piece - 1)
-                len = (int)sizeof piece - 1;
+            int len = tok_piece(tok, next, piece, piece_cap);
             emit_text(shown, stop_feed(&stop, piece, len > 0 ? (size_t)len : 0, shown,
-                                       sizeof shown));
+                                       STOP_OUT_CAP(piece_cap)));
             if (stop_hit(&stop) >= 0)
                 break;
         }
@@ -953,6 +954,8 @@ static int run_generate(model *m, const tokenizer *tok, const run_options *o)
     status = 0;
 out:
     free(logits);
+    free(piece);
+    free(shown);
     free(positions);
     free(history);
     free(prompt);

@@ -15,8 +15,6 @@
 #include "daemon/textbuf.h"
 #include "engine/model/drybreak.h"
 
-#define PIECE_MAX 256
-
 /* A generation's settings, merged from its layers. */
 typedef struct merged_params {
     sampler_params sp;
@@ -195,6 +193,9 @@ void gen_free(gen *g)
     free(g->turn);
     free(g->reply);
     free(g->shown);
+    free(g->piece);
+    free(g->passed);
+    free(g->released);
     free(g->lp);
     logprobs_pb_free(&g->lp_chunk);
     spec_gen_free(g);
@@ -351,6 +352,14 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
     g->gm = gm;
     g->c = c;
     g->t_start = clock_mono_ns();
+    g->piece_cap = tok_max_piece_len(gm->tok) + 1;
+    g->piece = malloc(g->piece_cap);
+    g->passed = malloc(STOP_OUT_CAP(g->piece_cap) + 1);
+    g->released = malloc(UTF8_OUT_CAP(STOP_OUT_CAP(g->piece_cap) + STOP_MAX_LEN) + 1);
+    if (!g->piece || !g->passed || !g->released) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
 
     const Llms__GenerationParams *req_p;
     merged_params mp;
@@ -642,7 +651,7 @@ static bool gen_release(sched *s, work *w, const char *text, size_t n, bool last
                         const int32_t *tok, int n_tok, const logprob_step *lp)
 {
     gen *g = w->g;
-    char out[UTF8_OUT_CAP(STOP_OUT_CAP(PIECE_MAX) + STOP_MAX_LEN) + 1];
+    char *out = g->released;
     size_t len = utf8_stream_feed(&g->utf8, text, n, out);
     if (last)
         len += utf8_stream_flush(&g->utf8, out + len);
@@ -779,14 +788,11 @@ bool gen_push_token(sched *s, work *w, int32_t next, const float *logits)
     }
     g->hist[g->n_hist++] = next;
     g->reply[g->n_gen++] = next;
-    char piece[PIECE_MAX], shown[STOP_OUT_CAP(PIECE_MAX) + 1];
-    int len = tok_piece(g->gm->tok, next, piece, sizeof piece);
+    int len = tok_piece(g->gm->tok, next, g->piece, g->piece_cap);
     if (len < 0)
         len = 0;
-    if (len > PIECE_MAX - 1)
-        len = PIECE_MAX - 1;
-    long n = stop_feed(&g->stop, piece, (size_t)len, shown, sizeof shown - 1);
-    if (!gen_release(s, w, shown, n < 0 ? 0 : (size_t)n, false, &next, 1, lp))
+    long n = stop_feed(&g->stop, g->piece, (size_t)len, g->passed, STOP_OUT_CAP(g->piece_cap));
+    if (!gen_release(s, w, g->passed, n < 0 ? 0 : (size_t)n, false, &next, 1, lp))
         return false;
     if (stop_hit(&g->stop) >= 0)
         gen_finish(g, LLMS__STOP_REASON__STOP_STRING);

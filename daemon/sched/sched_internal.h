@@ -93,6 +93,13 @@ typedef struct gen {
     const char *user_role;
     char *shown;           /* text released to the client (stop strings held back) */
     size_t shown_len, shown_cap;
+    /* A token's text on its way out, sized at gen_new for the vocabulary's longest piece
+     * (tok_max_piece_len + 1 = piece_cap), so that no token's text is cut: */
+    char *piece;           /* (piece_cap) its bytes */
+    char *passed;          /* (STOP_OUT_CAP(piece_cap) + 1) what the stop strings let by */
+    char *released;        /* (UTF8_OUT_CAP(STOP_OUT_CAP(piece_cap) + STOP_MAX_LEN) + 1)
+                              the whole characters of that, sent to the client */
+    size_t piece_cap;
     utf8_stream utf8;      /* a character a token left unfinished waits here */
     sampler *smp;
     int logprobs;          /* alternatives reported beside each token; -1: no logprobs */

@@ -31,6 +31,7 @@ struct tokenizer {
     uint8_t *types;     /* (n_vocab) enum tok_type */
     uint8_t *flags;     /* (n_vocab) TOK_FLAG_* */
     size_t max_token_len;
+    size_t max_piece_len; /* the longest tok_piece of any id */
 
     /* text -> id, open addressing; -1 marks an empty slot */
     int32_t *map; /* (map_mask + 1) */

@@ -474,6 +474,11 @@ int tok_load(const gguf_file *g, tokenizer **out, char err[ERR_MAX])
         tok_free(t);
         return -1;
     }
+    for (int32_t id = 0; id < t->n_vocab; id++) {
+        int len = tok_piece(t, id, NULL, 0);
+        if (len > 0 && (size_t)len > t->max_piece_len)
+            t->max_piece_len = (size_t)len;
+    }
     *out = t;
     return 0;
 }
@@ -711,6 +716,11 @@ int tok_piece(const tokenizer *t, int32_t id, char *buf, size_t cap)
     sink s = {buf, cap, 0, false};
     put_piece(t, id, true, &s);
     return sink_end(&s);
+}
+
+size_t tok_max_piece_len(const tokenizer *t)
+{
+    return t->max_piece_len;
 }
 
 /* Whether a token stands for bytes of a reply (tok_pieces). */

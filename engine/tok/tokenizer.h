@@ -102,6 +102,10 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, bool add_specia
  */
 int tok_piece(const tokenizer *t, int32_t id, char *buf, size_t cap);
 
+/* The length of the longest piece of the vocabulary: a buffer of this plus 1 bytes holds
+ * any token's tok_piece whole. */
+size_t tok_max_piece_len(const tokenizer *t);
+
 /* Every token's bytes as a reply shows them (tok_piece's), back to back: what the
  * constraints on a reply's text (JSON mode, grammars) test tokens by. A token has bytes
  * when it stands for text of a reply: a normal, byte or user-defined token that does not

@@ -256,6 +256,7 @@ static void check_pieces(const char *name)
     CHECK_MSG(tok_pieces_new(t, &p, err) == 0, "%s", err);
     CHECK_EQ(p.n_vocab, tok_n_vocab(t));
     int with_text = 0;
+    size_t longest = 0;
     for (int32_t id = 0; id < p.n_vocab; id++) {
         enum tok_type ty = tok_type(t, id);
         bool text = (ty == TOK_TYPE_NORMAL || ty == TOK_TYPE_BYTE || ty == TOK_TYPE_USER_DEFINED) &&
@@ -266,8 +267,11 @@ static void check_pieces(const char *name)
         CHECK_MSG(len == (text ? (uint32_t)n : 0), "%s: token %d has %u bytes", name, id, len);
         CHECK(memcmp(p.bytes + p.start[id], piece, len) == 0);
         with_text += len > 0;
+        longest = (size_t)n > longest ? (size_t)n : longest;
     }
     CHECK(with_text > p.n_vocab / 2);
+    CHECK_MSG(tok_max_piece_len(t) == longest, "%s: %zu, the longest piece has %zu bytes", name,
+              tok_max_piece_len(t), longest);
     tok_pieces_free(&p);
     tok_free(t);
 }
