@@ -220,6 +220,21 @@ static inline int proc_stop(llmsd_proc *d, int sig)
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+/* The test that ends a file whose tests share one daemon started on first use (*up: 1
+ * running, -1 it failed to start, 0 not started): SIGTERM ends it with status 0, so that
+ * under the sanitizers nothing leaked or went wrong in it (its log says what did). Skips
+ * when it did not run. */
+static inline void proc_check_clean_exit(llmsd_proc *d, int *up)
+{
+    if (*up != 1)
+        SKIP("the daemon did not run");
+    *up = 0;
+    int rc = proc_stop(d, SIGTERM);
+    if (rc != 0)
+        proc_print_log(d);
+    CHECK_EQ(rc, 0);
+}
+
 /* The daemon's status (the connection must be admin's); 0, or -1 after a message. */
 static inline int proc_status(llms_conn *c, llms_daemon_status *st)
 {

@@ -623,16 +623,9 @@ static void ollama_thinking(void)
             }
 }
 
-/* Under the sanitizers a leak or an error shows as the daemon's exit status. */
 static void daemon_exits_cleanly(void)
 {
-    if (daemon_up != 1)
-        SKIP("the daemon did not run");
-    daemon_up = 0;
-    int rc = proc_stop(&daemon_, SIGTERM);
-    if (rc != 0)
-        proc_print_log(&daemon_);
-    CHECK_EQ(rc, 0);
+    proc_check_clean_exit(&daemon_, &daemon_up);
 }
 
 int main(int argc, char **argv)

@@ -1626,17 +1626,9 @@ static void random_bodies_on_the_other_routes(void)
     httpc_reply_free(&r);
 }
 
-/* SIGTERM ends the daemon with status 0: under the sanitizers, nothing leaked or went
- * wrong in it (its log says what did). */
 static void daemon_exits_cleanly(void)
 {
-    if (daemon_up != 1)
-        return;
-    daemon_up = 0;
-    int rc = proc_stop(&daemon_, SIGTERM);
-    if (rc != 0)
-        proc_print_log(&daemon_);
-    CHECK_EQ(rc, 0);
+    proc_check_clean_exit(&daemon_, &daemon_up);
 }
 
 int main(int argc, char **argv)

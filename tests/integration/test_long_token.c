@@ -4,7 +4,6 @@
  * across the old 256-byte cut) answers it byte for byte, in a whole reply and streamed.
  */
 #include <json-c/json.h>
-#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -91,16 +90,9 @@ static void streamed_reply_has_the_whole_token(void)
     CHECK_MSG(!strcmp(joined, long_text), "%zu bytes: %.80s", n, joined);
 }
 
-/* Under the sanitizers a leak or an error shows as the daemon's exit status. */
 static void daemon_exits_cleanly(void)
 {
-    if (daemon_up != 1)
-        SKIP("the daemon did not run");
-    daemon_up = 0;
-    int rc = proc_stop(&daemon_, SIGTERM);
-    if (rc != 0)
-        proc_print_log(&daemon_);
-    CHECK_EQ(rc, 0);
+    proc_check_clean_exit(&daemon_, &daemon_up);
 }
 
 int main(int argc, char **argv)
