@@ -688,7 +688,7 @@ static void rr_qkv_job(void *p, int ith, int nth)
     tp_split(s->n_tok, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
         float *q = s->q + t * q_dim, *k = s->k + t * kv_dim, *v = s->v + t * kv_dim;
-        model_qkv_finish(hp, &L->extras, s->rope + (size_t)s->pos[t] * hd, q, k, v);
+        model_qkv_finish(hp, &L->extras, s->rope + (size_t)s->pos[t] * hd, s->pos[t], q, k, v);
         ops_f32_to_f16(h16, k, kv_dim);
         quant_dequantize_row(QTYPE_F16, h16, k, kv_dim);
         ops_f32_to_f16(h16, v, kv_dim);

@@ -281,7 +281,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
                                         "granite",  "qwen2moe", "qwen3moe", "olmoe",
                                         "gemma",    "gemma2",   "gemma3",   "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss"};
+                                        "gpt-oss", "mistral3"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -310,8 +310,8 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     if (p->sliding_window < 0 || !(p->attn_softcap >= 0) || !(p->final_softcap >= 0) ||
         !(p->rope_linear >= 0))
         return err_set(err, "sliding window, soft-caps and rope factor must not be negative");
-    if (!phi3 && p->rope_orig_ctx)
-        return err_set(err, "rope factors (LongRoPE) are phi3's");
+    if (!phi3 && strcmp(p->arch, "mistral3") != 0 && p->rope_orig_ctx)
+        return err_set(err, "an original context (LongRoPE, YaRN) is phi3's and mistral3's");
     if (!windowed && p->sliding_window)
         return err_set(err, "a sliding window is phi3's, the Gemma family's and gpt-oss's");
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
@@ -491,6 +491,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         rope_base = 5000000.0f, eps = 1e-6f;
     if (!strcmp(p->arch, "exaone")) /* EXAONE 3.5's */
         rope_base = 1000000.0f, eps = 1e-5f;
+    bool mistral3 = strcmp(p->arch, "mistral3") == 0;
+    if (mistral3) /* Ministral 3's */
+        rope_base = 1000000.0f, eps = 1e-5f;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
@@ -562,6 +565,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     int orig_ctx = p->rope_orig_ctx ? p->rope_orig_ctx : p->n_ctx;
     double scale = (double)p->n_ctx / orig_ctx;
     float attn_factor = scale > 1.0 ? (float)sqrt(1.0 + log(scale) / log((double)orig_ctx)) : 1.0f;
+    /* Ministral 3's YaRN: 16 times its original context of 16384 */
+    int yarn_orig_ctx = p->rope_orig_ctx ? p->rope_orig_ctx : p->n_ctx >= 16 ? p->n_ctx / 16 : 1;
     if ((phi3 &&
          (gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
                               (uint32_t)orig_ctx) < 0 ||
@@ -577,6 +582,16 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
           gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), 4096) < 0 ||
           gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f) < 0 ||
           gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f) < 0)) ||
+        (mistral3 &&
+         (gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn") < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.factor"),
+                              (float)p->n_ctx / (float)yarn_orig_ctx) < 0 ||
+          gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
+                              (uint32_t)yarn_orig_ctx) < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f) < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f) < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), 1.0f) < 0 ||
+          gguf_writer_set_f32(w, KEY("attention.temperature_scale"), 0.1f) < 0)) ||
         (granite &&
          (gguf_writer_set_f32(w, KEY("embedding_scale"), 12.0f) < 0 ||
           gguf_writer_set_f32(w, KEY("residual_scale"), 0.22f) < 0 ||
@@ -621,7 +636,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     }
     /* Phi-3-mini-128k's short factors are 1 to ~3, its long ones 1 to ~50 */
-    if (p->rope_orig_ctx) {
+    if (phi3 && p->rope_orig_ctx) {
         ADD("rope_factors_long.weight", 1, rope_dims / 2, 1, 1.5f, 4.0f);
         ADD("rope_factors_short.weight", 1, rope_dims / 2, 1, 0.1f, 1.2f);
     }

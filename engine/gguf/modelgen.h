@@ -68,7 +68,10 @@ typedef struct modelgen_params {
      * head), attn_norm and post_attention_norm (the feed-forward's), output.weight,
      * rope.freq_base 150000 and YaRN (factor 32 over an original context of 4096, betas 32
      * and 1), expert_feed_forward_length and attention.sliding_window (below, 128 when 0;
-     * llama.cpp slides the even layers). */
+     * llama.cpp slides the even layers). "mistral3" as it writes Ministral 3: llama's
+     * tensors (q and k permuted: interleaved RoPE), rope.freq_base 1e6, YaRN over an
+     * original context of rope_orig_ctx (0: n_ctx / 16) to n_ctx with betas 32 and 1 and
+     * yarn_log_multiplier 1, attention.temperature_scale 0.1. */
     const char *arch;
     int dim;
     int n_layer;
@@ -101,7 +104,7 @@ typedef struct modelgen_params {
     /* phi3: > 0 writes LongRoPE as Phi-3-mini-128k has it: random rope_factors_long and
      * rope_factors_short (rope_dims/2 each), rope.scaling.original_context_length and
      * rope.scaling.attn_factor as convert_hf_to_gguf.py computes it (from n_ctx / this);
-     * 0: no factors, the original context n_ctx */
+     * 0: no factors, the original context n_ctx. mistral3: YaRN's original context. */
     int rope_orig_ctx;
     /* {arch}.pooling_type, llama.cpp's numbers. Encoders: 1 mean, 2 cls, bert also 4 rank,
      * which writes the cross-encoder head (cls dim x dim, cls.output 1 x dim). Decoders

@@ -125,6 +125,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_SMOLLM3] = "smollm3",
     [MODEL_ARCH_EXAONE] = "exaone",
     [MODEL_ARCH_STABLELM] = "stablelm",
+    [MODEL_ARCH_MISTRAL3] = "mistral3",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -230,6 +231,17 @@ static int model_read_rope_scale(const gguf_file *g, const char *arch, const mod
         if (gguf_find_key(g, key) >= 0 &&
             (!gguf_get_f32(g, key, &ext_factor) || !(ext_factor >= 0.0f && ext_factor <= 1.0f)))
             return err_set(err, "metadata key '%s' is not a number in [0, 1]", key);
+        /* mistral3: cos and sin times mscale(1) / mscale(yarn_log_multiplier), HF's
+         * get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) with mscale 1 as
+         * llama.cpp takes it (1 for Ministral 3's), in place of the 1 + 0.1 ln factor
+         * ops_rope_yarn applies */
+        float log_mul = 0.0f;
+        snprintf(key, sizeof key, "%s.rope.scaling.yarn_log_multiplier", arch);
+        if (hp->arch == MODEL_ARCH_MISTRAL3 && gguf_find_key(g, key) >= 0 &&
+            (!gguf_get_f32(g, key, &log_mul) || !(log_mul >= 0.0f && log_mul <= 100.0f)))
+            return err_set(err, "metadata key '%s' is not a number in [0, 100]", key);
+        if (log_mul != 0.0f && ext_factor != 0.0f && factor > 1.0f)
+            attn_factor /= 1.0f + 0.1f * log_mul * logf(factor);
         /* gpt-oss: Hugging Face's config says "truncate": false, as OpenAI's own code
          * computes the ramp (llama.cpp truncates for every model) */
         *out = ops_rope_yarn(hp->rope_dims, hp->rope_base, factor, orig_ctx, beta_fast, beta_slow,
@@ -467,6 +479,27 @@ static int model_read_stablelm(const gguf_file *g, const char *arch, model_hpara
     return 0;
 }
 
+/* mistral3 (Ministral 3, and the Mistral files a newer converter writes with Llama 4's
+ * attention scaling): llama's layer, with the attention temperature where the file has
+ * attention.temperature_scale, over the YaRN original context as llama.cpp takes it. Its
+ * experts (Mistral Large 3 is converted as deepseek2) are refused, as llama.cpp routes
+ * them in a way this engine's llama experts do not. */
+static int model_read_mistral3(const gguf_file *g, const char *arch, model_hparams *hp,
+                               char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_MISTRAL3)
+        return 0;
+    if (hp->n_expert > 0)
+        return err_set(err, "mistral3 with experts (%d) is not supported", hp->n_expert);
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.temperature_scale", arch);
+    if (gguf_find_key(g, key) >= 0 &&
+        (!gguf_get_f32(g, key, &hp->attn_temp_scale) || !isfinite(hp->attn_temp_scale)))
+        return err_set(err, "metadata key '%s' is not a number", key);
+    hp->attn_temp_floor = hp->rope_orig_ctx;
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -482,7 +515,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     bool granite = hp->arch == MODEL_ARCH_GRANITE || hp->arch == MODEL_ARCH_GRANITEMOE;
     /* llama.cpp's converter permutes their q and k rows (LlamaModel's): HF's halves become
      * interleaved pairs */
-    bool interleaved = hp->arch == MODEL_ARCH_LLAMA || granite || hp->arch == MODEL_ARCH_SMOLLM3;
+    bool interleaved = hp->arch == MODEL_ARCH_LLAMA || granite || hp->arch == MODEL_ARCH_SMOLLM3 ||
+                       hp->arch == MODEL_ARCH_MISTRAL3;
     hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
     /* their experts' sizes have keys of their own: feed_forward_length is only a default */
     bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE ||
@@ -531,7 +565,7 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
     /* the epsilon llama.cpp requires of them */
     if ((hp->arch == MODEL_ARCH_PHI3 || granite || hp->arch == MODEL_ARCH_SMOLLM3 ||
-         hp->arch == MODEL_ARCH_EXAONE) &&
+         hp->arch == MODEL_ARCH_EXAONE || hp->arch == MODEL_ARCH_MISTRAL3) &&
         model_require(m->g, arch, "attention.layer_norm_rms_epsilon", err) < 0)
         return -1;
     /* SmolLM3's NoPE layers: HF's no_rope_layers default (no_rope_layer_interval 4), which
@@ -554,7 +588,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     hp->ffn_act = MODEL_FFN_SILU;
     hp->pre_norms = true;
     if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_gptoss(m->g, arch, hp, err) < 0 ||
-        model_read_olmo2(m->g, arch, hp, err) < 0 || model_read_stablelm(m->g, arch, hp, err) < 0)
+        model_read_olmo2(m->g, arch, hp, err) < 0 || model_read_stablelm(m->g, arch, hp, err) < 0 ||
+        model_read_mistral3(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -1686,7 +1721,7 @@ static void model_norm_job(void *p, int ith, int nth)
 }
 
 void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const float *cs,
-                      float *q, float *k, float *v)
+                      int32_t pos, float *q, float *k, float *v)
 {
     int hd = hp->head_dim, q_dim = hp->n_head * hd, kv_dim = hp->n_head_kv * hd;
     enum ops_rope_style style =
@@ -1706,6 +1741,9 @@ void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const 
         for (int h = 0; h < hp->n_head_kv; h++)
             ops_rmsnorm(k + h * hd, k + h * hd, x->k_norm, hd, hp->norm_eps);
     }
+    if (hp->attn_temp_scale != 0.0f)
+        ops_scale(q, 1.0f + hp->attn_temp_scale * logf(1.0f + (float)(pos / hp->attn_temp_floor)),
+                  (size_t)q_dim);
     if (!cs)
         return;
     ops_rope(q, hp->n_head, hd, hp->rope_dims, cs, style);
@@ -1725,7 +1763,8 @@ static void model_qkv_job(void *p, int ith, int nth)
     tp_split(s->n, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
         float *q = r->q + t * q_dim, *k = r->k + t * kv_dim, *v = r->v + t * kv_dim;
-        model_qkv_finish(hp, &L->extras, s->rope ? s->rope + t * hd : NULL, q, k, v);
+        model_qkv_finish(hp, &L->extras, s->rope ? s->rope + t * hd : NULL, r->row_pos[t], q,
+                         k, v);
         kv_chunk *c = r->slot_chunk[t];
         int slot = r->slot_index[t];
         for (int h = 0; h < hp->n_head_kv; h++) {

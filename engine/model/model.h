@@ -63,6 +63,7 @@ enum model_arch {
     MODEL_ARCH_SMOLLM3,
     MODEL_ARCH_EXAONE,
     MODEL_ARCH_STABLELM,
+    MODEL_ARCH_MISTRAL3,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -149,6 +150,11 @@ typedef struct model_hparams {
     int nope_step;       /* smollm3: layer l rotates nothing when (l + 1) % nope_step == 0
                             (4, llama.cpp's n_no_rope_layer_step); 0: every layer rotates */
     float rope_base_swa;
+    /* mistral3 (Ministral 3): Llama 4's attention temperature, q of a row at position p
+     * times 1 + attn_temp_scale * ln(1 + floor(p / attn_temp_floor)) (llama.cpp's
+     * attention.temperature_scale, over rope.scaling.original_context_length); 0: none */
+    float attn_temp_scale;
+    int attn_temp_floor;
     enum model_ffn_act ffn_act;
     enum model_norm norm; /* of attn_norm, ffn_norm and output_norm; norm_eps is
                              attention.layer_norm_epsilon for MODEL_NORM_LAYER */
@@ -181,12 +187,13 @@ typedef struct model_qkv_extras {
     const float *k_norm_all; /* (n_head_kv * head_dim), olmoe, olmo2 */
 } model_qkv_extras;
 
-/* Finishes one token's q (n_head, head_dim), k and v (n_head_kv, head_dim): biases,
- * per-head norms of q and k, then RoPE of q and k by cs, the (cos, sin) pairs of the
- * token's position (ops_rope_angles), or none when cs is NULL (a layer that does not
- * rotate, model_layer_rotates). Shared by every forward pass over these layers. */
+/* Finishes one token's q (n_head, head_dim), k and v (n_head_kv, head_dim) at position
+ * pos: biases, per-head norms of q and k, then RoPE of q and k by cs, the (cos, sin) pairs
+ * of the token's position (ops_rope_angles), or none when cs is NULL (a layer that does
+ * not rotate, model_layer_rotates), and the attention temperature of q. Shared by every
+ * forward pass over these layers. */
 void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const float *cs,
-                      float *q, float *k, float *v);
+                      int32_t pos, float *q, float *k, float *v);
 
 /* Maps and validates a GGUF model file: architecture, hyper-parameters, and every
  * tensor's presence, type and shape (errors name the tensor). NULL + err on failure. */

@@ -6,7 +6,9 @@
  * around Mixtral-like experts; with Granite MoE Shared's ungated shared expert too),
  * smollm3 (SmolLM3: llama with no RoPE on every fourth layer), exaone (EXAONE 3.5: llama
  * with NEOX RoPE), stablelm (StableLM 2 1.6B: LayerNorms with biases, a quarter of each
- * head rotated, q/k/v biases).
+ * head rotated, q/k/v biases), mistral3 (Ministral 3: llama with YaRN whose
+ * yarn_log_multiplier cancels its attention factor, and Llama 4's attention temperature
+ * on the queries past the original context).
  *
  * Models are modelgen's on a synthetic 260-token vocabulary, one case per architecture.
  * For each: the hyper-parameters the loader reads; logits against the reference on every
@@ -60,29 +62,38 @@ typedef struct arch_case {
     const char *what;      /* what the mutation takes away */
     arch_edit mutation;    /* the same weights without the architecture's own part */
     const char *needed[3]; /* tensors a file must have, NULL-ended */
+    int rope_orig_ctx;     /* modelgen's (mistral3: YaRN's original context) */
 } arch_case;
 
 static const arch_case CASES[] = {
     {"olmo2", "olmo2", 0, 0, 0, "post norms",
      {.drop = {"blk.*.post_attention_norm.weight", "blk.*.post_ffw_norm.weight"}},
-     {"blk.1.post_ffw_norm.weight", "blk.0.attn_k_norm.weight", NULL}},
+     {"blk.1.post_ffw_norm.weight", "blk.0.attn_k_norm.weight", NULL}, 0},
     {"granitemoe", "granitemoe", 8, 2, 0, "residual scale",
      {.f32_key = "granitemoe.residual_scale", .f32_value = 1.0f},
-     {"blk.1.ffn_gate_exps.weight", "blk.0.ffn_gate_inp.weight", NULL}},
+     {"blk.1.ffn_gate_exps.weight", "blk.0.ffn_gate_inp.weight", NULL}, 0},
     {"granitemoe", "granitemoe shared", 8, 2, 192, "shared expert",
      {.drop = {"blk.*.ffn_gate_shexp.weight", "blk.*.ffn_up_shexp.weight",
                "blk.*.ffn_down_shexp.weight"},
       .drop_key = "granitemoe.expert_shared_feed_forward_length"},
-     {"blk.1.ffn_down_shexp.weight", "blk.3.ffn_up_exps.weight", NULL}},
+     {"blk.1.ffn_down_shexp.weight", "blk.3.ffn_up_exps.weight", NULL}, 0},
     /* the same file as llama's rotates every layer */
     {"smollm3", "smollm3", 0, 0, 0, "NoPE layer", {.rename = "llama"},
-     {"blk.3.attn_k.weight", "output_norm.weight", NULL}},
+     {"blk.3.attn_k.weight", "output_norm.weight", NULL}, 0},
     /* the same file as llama's rotates interleaved pairs */
     {"exaone", "exaone", 0, 0, 0, "NEOX RoPE", {.rename = "llama"},
-     {"blk.2.ffn_up.weight", "blk.0.attn_norm.weight", NULL}},
+     {"blk.2.ffn_up.weight", "blk.0.attn_norm.weight", NULL}, 0},
     /* the same file as qwen2's has RMSNorms (its biases and LayerNorms' unread) */
     {"stablelm", "stablelm", 0, 0, 0, "LayerNorms", {.rename = "qwen2"},
-     {"blk.1.attn_norm.bias", "output_norm.bias", NULL}},
+     {"blk.1.attn_norm.bias", "output_norm.bias", NULL}, 0},
+    /* an original context of 8: positions 8 and on have their queries scaled */
+    {"mistral3", "mistral3", 0, 0, 0, "attention temperature",
+     {.f32_key = "mistral3.attention.temperature_scale", .f32_value = 0.0f},
+     {"blk.3.attn_v.weight", "token_embd.weight", NULL}, 8},
+    /* without the multiplier cos and sin are scaled by 1 + 0.1 ln 64 */
+    {"mistral3", "mistral3 yarn", 0, 0, 0, "YaRN attention factor",
+     {.drop_key = "mistral3.rope.scaling.yarn_log_multiplier"},
+     {"blk.0.ffn_gate.weight", NULL}, 8},
 };
 #define N_CASES (int)(sizeof CASES / sizeof *CASES)
 
@@ -92,7 +103,7 @@ static modelgen_params arch_params(const arch_case *c, uint32_t type)
                              .n_head_kv = 4, .n_ff = 256, .n_ctx = 512, .type = type,
                              .seed = 11, .n_vocab = N_VOCAB, .n_threads = 1,
                              .n_expert = c->n_expert, .n_expert_used = c->n_expert_used,
-                             .n_ff_shexp = c->n_ff_shexp};
+                             .n_ff_shexp = c->n_ff_shexp, .rope_orig_ctx = c->rope_orig_ctx};
 }
 
 static const char *gen(const modelgen_params *p, const char *name)
@@ -264,6 +275,20 @@ static void test_metadata(void)
     CHECK_EQ(hp->rope_style, MODEL_ROPE_HALVES);
     CHECK_EQ(hp->rope_dims, 8);
     CHECK_NEAR(hp->norm_eps, 1e-5, 1e-12);
+    model_free(m);
+    /* mistral3: llama's interleaved RoPE with YaRN (64 times an original context of 8),
+     * whose multiplier 1 leaves cos and sin unscaled; the attention temperature over
+     * that context */
+    m = load_case(&CASES[6], "meta");
+    CHECK(m);
+    hp = model_hparams_of(m);
+    CHECK_EQ(hp->arch, (int)MODEL_ARCH_MISTRAL3);
+    CHECK_EQ(hp->rope_style, MODEL_ROPE_INTERLEAVED);
+    CHECK_NEAR(hp->rope_base, 1e6, 1e-3);
+    CHECK_NEAR(hp->rope_scaling.freq_scale, 1.0 / 64, 1e-9);
+    CHECK_NEAR(hp->rope_scaling.mscale, 1.0, 1e-6);
+    CHECK_NEAR(hp->attn_temp_scale, 0.1, 1e-7);
+    CHECK_EQ(hp->attn_temp_floor, 8);
     model_free(m);
 }
 

@@ -113,7 +113,9 @@ struct ref_model {
     int window, pattern;        /* 0: none; sliding layers: l % pattern < pattern - 1 */
     double rope_factor;         /* gemma3's global layers: positions / factor */
     bool gptoss;
-    double *yarn_inv_freq;       /* gpt-oss: (rotary_dim / 2) YaRN's, or NULL */
+    double *yarn_inv_freq;       /* gpt-oss, mistral3: (rotary_dim / 2) YaRN's, or NULL */
+    double temp_beta;            /* mistral3: Llama 4's query scaling, 0: none */
+    int temp_floor;              /* its positions per step */
     bool kv_f16;
     double *embd, *out, *out_norm;
     double *out_norm_b; /* (dim) StableLM's, or NULL */
@@ -180,28 +182,31 @@ static void ref_split_phi3(const ref_model *m, ref_layer *L, double *qkv, double
     free(gate_up);
 }
 
-/* gpt-oss's config from the GGUF: the window on the even layers (HF's layer_types alternate
- * from "sliding_attention"), and YaRN's inv_freq and attention factor as HF's
- * _compute_yarn_parameters computes them with truncate false. -1 when the file lacks
- * them. */
-static int ref_gptoss_load(const gguf_file *g, const char *arch, ref_model *m)
+/* YaRN's inv_freq and attention factor from the GGUF's keys, as HF's
+ * _compute_yarn_parameters computes them: the ramp's ends floored and ceiled where
+ * truncate (its default; gpt-oss's config says false), the attention factor
+ * get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim) with mscale 1 and
+ * mscale_all_dim the file's yarn_log_multiplier where it has one (mistral3), else
+ * get_mscale(factor) = 0.1 ln(factor) + 1. -1 when the file has no YaRN. */
+static int ref_yarn_load(const gguf_file *g, const char *arch, ref_model *m, bool truncate)
 {
-    m->window = ref_u32(g, arch, "attention.sliding_window", 0);
-    m->pattern = 2;
     char k[128];
     gguf_str st;
     snprintf(k, sizeof k, "%s.rope.scaling.type", arch);
-    if (m->window <= 0 || !gguf_get_str(g, k, &st) || !gguf_str_eq(st, "yarn"))
+    if (!gguf_get_str(g, k, &st) || !gguf_str_eq(st, "yarn"))
         return -1;
     double factor = ref_f32(g, arch, "rope.scaling.factor", 1.0);
     double orig = ref_u32(g, arch, "rope.scaling.original_context_length", 0);
     double beta_fast = ref_f32(g, arch, "rope.scaling.yarn_beta_fast", 32.0);
     double beta_slow = ref_f32(g, arch, "rope.scaling.yarn_beta_slow", 1.0);
+    double mscale_all_dim = ref_f32(g, arch, "rope.scaling.yarn_log_multiplier", 0.0);
     int dim = m->rotary_dim;
     double base = m->rope_base;
     /* find_correction_dim: the dimension whose wavelength fits orig num_rotations times */
     double low = dim * log(orig / (beta_fast * 2 * M_PI)) / (2 * log(base));
     double high = dim * log(orig / (beta_slow * 2 * M_PI)) / (2 * log(base));
+    if (truncate)
+        low = floor(low), high = ceil(high);
     low = low > 0 ? low : 0;
     high = high < dim - 1 ? high : dim - 1;
     if (high == low)
@@ -215,8 +220,34 @@ static int ref_gptoss_load(const gguf_file *g, const char *arch, ref_model *m)
         m->yarn_inv_freq[i] = 1.0 / (factor * pos_freq) * (1 - extrapolation) +
                               1.0 / pos_freq * extrapolation;
     }
-    m->attention_factor = 0.1 * log(factor) + 1.0;
+    double mscale = factor <= 1 ? 1.0 : 0.1 * log(factor) + 1.0;
+    double mscale_all = factor <= 1 ? 1.0 : 0.1 * mscale_all_dim * log(factor) + 1.0;
+    m->attention_factor = mscale_all_dim != 0 ? mscale / mscale_all : mscale;
     return 0;
+}
+
+/* gpt-oss's config from the GGUF: the window on the even layers (HF's layer_types alternate
+ * from "sliding_attention"), and YaRN with truncate false. -1 when the file lacks them. */
+static int ref_gptoss_load(const gguf_file *g, const char *arch, ref_model *m)
+{
+    m->window = ref_u32(g, arch, "attention.sliding_window", 0);
+    m->pattern = 2;
+    if (m->window <= 0)
+        return -1;
+    return ref_yarn_load(g, arch, m, false);
+}
+
+/* Ministral 3 (modeling_ministral3): Mistral's layer, YaRN (truncated ramp), and
+ * Ministral3Attention's query scaling after RoPE, Llama 4's
+ * 1 + llama_4_scaling_beta * log(1 + floor(position / original_max_position_embeddings)).
+ * -1 when the file lacks YaRN. */
+static int ref_mistral3_load(const gguf_file *g, const char *arch, ref_model *m)
+{
+    m->temp_beta = ref_f32(g, arch, "attention.temperature_scale", 0.0);
+    m->temp_floor = ref_u32(g, arch, "rope.scaling.original_context_length", 0);
+    if (m->temp_beta != 0 && m->temp_floor <= 0)
+        return -1;
+    return ref_yarn_load(g, arch, m, true);
 }
 
 ref_model *ref_model_load(const gguf_file *g)
@@ -228,7 +259,7 @@ ref_model *ref_model_load(const gguf_file *g)
                                         "granite", "gemma",   "gemma2",   "gemma3",
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss"};
+                                        "gpt-oss", "mistral3"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -245,7 +276,7 @@ ref_model *ref_model_load(const gguf_file *g)
     m->gptoss = !strcmp(arch, "gpt-oss");
     m->arch = ai <= REF_GEMMA3                                     ? ai
               : granitemoe                                         ? REF_GRANITE
-              : !strcmp(arch, "smollm3")                           ? REF_LLAMA
+              : !strcmp(arch, "smollm3") || !strcmp(arch, "mistral3") ? REF_LLAMA
               : qwen2moe || m->gptoss || !strcmp(arch, "stablelm") ? REF_QWEN2
                                                                    : REF_QWEN3;
     m->olmo2 = !strcmp(arch, "olmo2");
@@ -302,7 +333,8 @@ ref_model *ref_model_load(const gguf_file *g)
         m->attn_cap = ref_f32(g, arch, "attn_logit_softcapping", 50.0);
         m->final_cap = ref_f32(g, arch, "final_logit_softcapping", 30.0);
     }
-    if (m->gptoss && ref_gptoss_load(g, arch, m) < 0) {
+    if ((m->gptoss && ref_gptoss_load(g, arch, m) < 0) ||
+        (!strcmp(arch, "mistral3") && ref_mistral3_load(g, arch, m) < 0)) {
         ref_model_free(m);
         return NULL;
     }
@@ -686,6 +718,9 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 ref_rope(m, l, q + (size_t)t * qd, m->n_head, positions[t]);
                 ref_rope(m, l, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
             }
+            for (int i = 0; m->temp_beta != 0 && i < qd; i++)
+                q[(size_t)t * qd + i] *= 1 + m->temp_beta * log(1 + floor((double)positions[t] /
+                                                                          m->temp_floor));
             for (int i = 0; m->kv_f16 && i < kvd; i++) {
                 k[(size_t)t * kvd + i] = ref_round_f16(k[(size_t)t * kvd + i]);
                 v[(size_t)t * kvd + i] = ref_round_f16(v[(size_t)t * kvd + i]);

@@ -1,9 +1,9 @@
 /*
  * ref_forward.h — a plain reference forward pass for llama / qwen2 / qwen3 / phi3 / granite
- * / gemma / gemma2 / gemma3 / olmo2 GGUF models (and the mixtures of experts: qwen2moe,
- * qwen3moe, llama with experts, olmoe, granitemoe, gpt-oss), in double precision from
- * dequantized weights, written independently of engine/model/model.c (phi3, granite,
- * Gemma, OLMo 2, gpt-oss and the mixtures from Hugging Face's modeling code) so the
+ * / gemma / gemma2 / gemma3 / olmo2 / smollm3 / exaone / stablelm / mistral3 GGUF models
+ * (and the mixtures of experts: qwen2moe, qwen3moe, llama with experts, olmoe, granitemoe,
+ * gpt-oss), in double precision from dequantized weights, written independently of
+ * engine/model/model.c (all but llama and qwen from Hugging Face's modeling code) so the
  * optimized forward can be checked against it.
  */
 #ifndef LLMS_TEST_REF_FORWARD_H
