@@ -866,6 +866,16 @@ bool gguf_arr_str(const gguf_file *g, const char *key, uint64_t i, gguf_str *out
     return true;
 }
 
+bool gguf_arr_bool(const gguf_file *g, const char *key, bool *out, uint64_t n)
+{
+    const gguf_kv *kv = find_kv(g, key);
+    if (!kv || kv->type != GGUF_ARRAY || kv->elem_type != GGUF_BOOL || kv->count != n)
+        return false;
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = kv->elems[i] != 0;
+    return true;
+}
+
 /* The elements of a numeric array of exactly n elements, or NULL. */
 static const gguf_kv *numeric_array(const gguf_file *g, const char *key, uint64_t n)
 {

@@ -281,7 +281,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
                                         "granite",  "qwen2moe", "qwen3moe", "olmoe",
                                         "gemma",    "gemma2",   "gemma3",   "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss", "mistral3"};
+                                        "gpt-oss", "mistral3", "exaone4"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -295,6 +295,20 @@ static bool modelgen_lora_base_arch(const char *name, size_t len)
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
+/* key: a boolean per layer, true where the layer slides, as convert_hf_to_gguf.py writes
+ * HF's layer_types: all but every period-th ("LLLG" for 4). 0 or -1. */
+static int modelgen_write_swa_pattern(gguf_writer *w, const char *key, int n_layer, int period)
+{
+    bool *slides = malloc((size_t)n_layer * sizeof *slides);
+    if (!slides)
+        return -1;
+    for (int l = 0; l < n_layer; l++)
+        slides[l] = (l + 1) % period != 0;
+    int rc = gguf_writer_set_arr(w, key, GGUF_BOOL, slides, (uint64_t)n_layer);
+    free(slides);
+    return rc;
+}
+
 static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
     bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
@@ -304,7 +318,7 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     bool moe = olmoe || granitemoe || gptoss || !strcmp(p->arch, "qwen2moe") ||
                !strcmp(p->arch, "qwen3moe");
     /* gemma's window is ignored (it has none), as its tests write one for the family */
-    bool windowed = phi3 || gptoss || !strncmp(p->arch, "gemma", 5);
+    bool windowed = phi3 || gptoss || !strncmp(p->arch, "gemma", 5) || !strcmp(p->arch, "exaone4");
     if (!modelgen_decoder_arch(p->arch, strlen(p->arch)) && !bert)
         return err_set(err, "unknown architecture '%s'", p->arch);
     if (p->sliding_window < 0 || !(p->attn_softcap >= 0) || !(p->final_softcap >= 0) ||
@@ -313,7 +327,8 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     if (!phi3 && strcmp(p->arch, "mistral3") != 0 && p->rope_orig_ctx)
         return err_set(err, "an original context (LongRoPE, YaRN) is phi3's and mistral3's");
     if (!windowed && p->sliding_window)
-        return err_set(err, "a sliding window is phi3's, the Gemma family's and gpt-oss's");
+        return err_set(err, "a sliding window is phi3's, the Gemma family's, gpt-oss's and "
+                            "exaone4's");
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
     if (p->mxfp4_experts && (!p->n_expert || p->dim % 32 || ff_exp % 32))
         return err_set(err, "MXFP4 experts need experts whose rows are whole blocks of 32");
@@ -494,6 +509,11 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool mistral3 = strcmp(p->arch, "mistral3") == 0;
     if (mistral3) /* Ministral 3's */
         rope_base = 1000000.0f, eps = 1e-5f;
+    bool exaone4 = strcmp(p->arch, "exaone4") == 0;
+    if (exaone4) /* EXAONE 4.0's */
+        rope_base = 1000000.0f, eps = 1e-5f;
+    /* OLMo 2 and EXAONE 4 normalize their sublayers' outputs, not their inputs */
+    bool post_norms_only = olmo2 || exaone4;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
@@ -582,6 +602,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
           gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), 4096) < 0 ||
           gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f) < 0 ||
           gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f) < 0)) ||
+        (exaone4 && p->sliding_window &&
+         (gguf_writer_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p->sliding_window) < 0 ||
+          modelgen_write_swa_pattern(w, KEY("attention.sliding_window_pattern"), p->n_layer, 4) < 0)) ||
         (mistral3 &&
          (gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn") < 0 ||
           gguf_writer_set_f32(w, KEY("rope.scaling.factor"),
@@ -643,7 +666,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     for (int l = 0; l < p->n_layer; l++) {
         char nm[64];
 #define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
-        if (!olmo2) /* OLMo 2 normalizes its sublayers' outputs, not their inputs */
+        if (!post_norms_only)
             ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (stablelm)
             ADD(N("attn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
@@ -659,7 +682,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
         }
-        if (qwen3 || gemma3) {
+        if (qwen3 || gemma3 || exaone4) {
             ADD(N("attn_q_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
             ADD(N("attn_k_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
         }
@@ -676,9 +699,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             /* the feed-forward's norm, named after HF's post_attention_layernorm */
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         }
-        if (gemma2 || gemma3 || olmo2)
+        if (gemma2 || gemma3 || post_norms_only)
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        if (!olmo2 && !gptoss)
+        if (!post_norms_only && !gptoss)
             ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (stablelm)
             ADD(N("ffn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
@@ -691,7 +714,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
-            if (gemma2 || gemma3 || olmo2)
+            if (gemma2 || gemma3 || post_norms_only)
                 ADD(N("post_ffw_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
             continue;
         }

@@ -71,7 +71,11 @@ typedef struct modelgen_params {
      * llama.cpp slides the even layers). "mistral3" as it writes Ministral 3: llama's
      * tensors (q and k permuted: interleaved RoPE), rope.freq_base 1e6, YaRN over an
      * original context of rope_orig_ctx (0: n_ctx / 16) to n_ctx with betas 32 and 1 and
-     * yarn_log_multiplier 1, attention.temperature_scale 0.1. */
+     * yarn_log_multiplier 1, attention.temperature_scale 0.1. "exaone4" as it writes
+     * EXAONE 4.0: OLMo 2's post_attention_norm and post_ffw_norm and no input norms,
+     * qwen3's per-head attn_q_norm / attn_k_norm, rope.freq_base 1e6; with
+     * sliding_window, the 32B's hybrid attention: attention.sliding_window and
+     * attention.sliding_window_pattern, a boolean per layer, every fourth false. */
     const char *arch;
     int dim;
     int n_layer;
@@ -113,8 +117,8 @@ typedef struct modelgen_params {
     int pooling_type;
     /* {arch}.attention.sliding_window. phi3: 0 writes 0 (none, as Phi-4's files);
      * gemma2 / gemma3 / gpt-oss: 0 writes the family's (4096 for gemma2, 1024 for gemma3,
-     * as Gemma 2 and Gemma 3 4B+ have it, 128 for gpt-oss); other architectures have
-     * none. */
+     * as Gemma 2 and Gemma 3 4B+ have it, 128 for gpt-oss); exaone4: 0 writes none (the
+     * 1.2B's global attention); other architectures have none. */
     int sliding_window;
     /* gemma2: {arch}.attn_logit_softcapping and final_logit_softcapping, 0: Gemma 2's 50
      * and 30. */

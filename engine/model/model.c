@@ -126,6 +126,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_EXAONE] = "exaone",
     [MODEL_ARCH_STABLELM] = "stablelm",
     [MODEL_ARCH_MISTRAL3] = "mistral3",
+    [MODEL_ARCH_EXAONE4] = "exaone4",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -500,6 +501,66 @@ static int model_read_mistral3(const gguf_file *g, const char *arch, model_hpara
     return 0;
 }
 
+/*
+ * EXAONE 4.0 (exaone4), as HF's Exaone4ForCausalLM computes it: OLMo 2's norms of the
+ * sublayers' outputs and none of their inputs, qwen3's per-head q/k norms, NEOX RoPE. With
+ * attention.sliding_window (the 32B; the 1.2B has none) the layers attention.
+ * sliding_window_pattern marks (HF's layer_types, as the converter writes them: a boolean
+ * per layer, or a period) slide and rotate, and the others (every fourth: "LLLG") attend
+ * to everything and rotate nothing. A pattern that is not every p-th layer global, or a
+ * rope.freq_base_swa of the sliding layers' own, is refused. llama.cpp of April 2026
+ * slides only 64-layer files, with a window of 4096 and period 4 where the keys are
+ * absent; the converter writes the keys for every model that has a window.
+ */
+static int model_read_exaone4(const gguf_file *g, const char *arch, model_hparams *hp,
+                              char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_EXAONE4)
+        return 0;
+    hp->pre_norms = false;
+    hp->post_norms = true;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window", arch);
+    if (gguf_find_key(g, key) < 0)
+        return 0;
+    float base_swa;
+    if (model_get_dim(g, arch, "attention.sliding_window", -1, &hp->swa_window, err) < 0 ||
+        model_get_float(g, arch, "rope.freq_base_swa", hp->rope_base, &base_swa, err) < 0)
+        return -1;
+    if (base_swa != hp->rope_base)
+        return err_set(err, "metadata key '%s.rope.freq_base_swa' is %g, not rope.freq_base's "
+                            "%g: a RoPE base of the sliding layers' own is not supported",
+                       arch, (double)base_swa, (double)hp->rope_base);
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+    enum gguf_value_type et;
+    uint64_t n;
+    if (gguf_get_arr(g, key, &et, &n)) {
+        bool *slides = malloc((size_t)hp->n_layer * sizeof *slides);
+        if (!slides)
+            return err_set(err, "out of memory");
+        if (!gguf_arr_bool(g, key, slides, (uint64_t)hp->n_layer)) {
+            free(slides);
+            return err_set(err, "metadata key '%s' is not %d booleans", key, hp->n_layer);
+        }
+        int period = 1;
+        while (period <= hp->n_layer && slides[period - 1])
+            period++;
+        bool every_pth = true; /* a period past the last layer: every layer slides */
+        for (int l = 0; every_pth && l < hp->n_layer; l++)
+            every_pth = slides[l] == (l % period < period - 1);
+        free(slides);
+        if (!every_pth)
+            return err_set(err, "metadata key '%s': only every p-th layer global is supported",
+                           key);
+        hp->swa_pattern = period;
+    } else if (model_get_dim(g, arch, "attention.sliding_window_pattern", 4, &hp->swa_pattern,
+                             err) < 0) {
+        return -1;
+    }
+    hp->nope_step = hp->swa_pattern;
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -565,7 +626,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     hp->embd_scale = hp->residual_scale = hp->logit_scale = 1.0f;
     /* the epsilon llama.cpp requires of them */
     if ((hp->arch == MODEL_ARCH_PHI3 || granite || hp->arch == MODEL_ARCH_SMOLLM3 ||
-         hp->arch == MODEL_ARCH_EXAONE || hp->arch == MODEL_ARCH_MISTRAL3) &&
+         hp->arch == MODEL_ARCH_EXAONE || hp->arch == MODEL_ARCH_MISTRAL3 ||
+         hp->arch == MODEL_ARCH_EXAONE4) &&
         model_require(m->g, arch, "attention.layer_norm_rms_epsilon", err) < 0)
         return -1;
     /* SmolLM3's NoPE layers: HF's no_rope_layers default (no_rope_layer_interval 4), which
@@ -589,7 +651,7 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     hp->pre_norms = true;
     if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_gptoss(m->g, arch, hp, err) < 0 ||
         model_read_olmo2(m->g, arch, hp, err) < 0 || model_read_stablelm(m->g, arch, hp, err) < 0 ||
-        model_read_mistral3(m->g, arch, hp, err) < 0)
+        model_read_mistral3(m->g, arch, hp, err) < 0 || model_read_exaone4(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -870,7 +932,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
     bool qwen2 = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_QWEN2MOE || gptoss;
     bool qk_norm = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
-                   hp->arch == MODEL_ARCH_GEMMA3;
+                   hp->arch == MODEL_ARCH_GEMMA3 || hp->arch == MODEL_ARCH_EXAONE4;
     bool fused = hp->arch == MODEL_ARCH_PHI3;
     for (int l = 0; l < hp->n_layer; l++) {
         model_layer *L = &m->layers[l];

@@ -64,6 +64,7 @@ enum model_arch {
     MODEL_ARCH_EXAONE,
     MODEL_ARCH_STABLELM,
     MODEL_ARCH_MISTRAL3,
+    MODEL_ARCH_EXAONE4,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -147,8 +148,9 @@ typedef struct model_hparams {
     int swa_pattern;     /* layer l slides when l % swa_pattern < swa_pattern - 1 (gemma2:
                             2, the even layers; gemma3: 6, all but every sixth) */
     bool rope_swa;       /* sliding layers rotate by rope_base_swa, unscaled (gemma3) */
-    int nope_step;       /* smollm3: layer l rotates nothing when (l + 1) % nope_step == 0
-                            (4, llama.cpp's n_no_rope_layer_step); 0: every layer rotates */
+    int nope_step;       /* layer l rotates nothing when (l + 1) % nope_step == 0: smollm3's
+                            4 (llama.cpp's n_no_rope_layer_step), exaone4's global layers
+                            (swa_pattern) beside sliding ones; 0: every layer rotates */
     float rope_base_swa;
     /* mistral3 (Ministral 3): Llama 4's attention temperature, q of a row at position p
      * times 1 + attn_temp_scale * ln(1 + floor(p / attn_temp_floor)) (llama.cpp's
@@ -159,9 +161,9 @@ typedef struct model_hparams {
     enum model_norm norm; /* of attn_norm, ffn_norm and output_norm; norm_eps is
                              attention.layer_norm_epsilon for MODEL_NORM_LAYER */
     bool post_norms;     /* post_attention_norm / post_ffw_norm of each sublayer's output
-                            (gemma2, gemma3, olmo2) */
-    bool pre_norms;      /* attn_norm / ffn_norm of each sublayer's input: all but olmo2,
-                            whose sublayers read the residual stream as it is */
+                            (gemma2, gemma3, olmo2, exaone4) */
+    bool pre_norms;      /* attn_norm / ffn_norm of each sublayer's input: all but olmo2
+                            and exaone4, whose sublayers read the residual stream as it is */
 } model_hparams;
 
 /* The sliding window of layer l: hp->swa_window for a sliding layer, 0 (the whole

@@ -8,7 +8,9 @@
  * with NEOX RoPE), stablelm (StableLM 2 1.6B: LayerNorms with biases, a quarter of each
  * head rotated, q/k/v biases), mistral3 (Ministral 3: llama with YaRN whose
  * yarn_log_multiplier cancels its attention factor, and Llama 4's attention temperature
- * on the queries past the original context).
+ * on the queries past the original context), exaone4 (EXAONE 4.0: OLMo 2's output norms
+ * with qwen3's per-head q/k norms; the 32B's sliding layers with RoPE beside global ones
+ * without).
  *
  * Models are modelgen's on a synthetic 260-token vocabulary, one case per architecture.
  * For each: the hyper-parameters the loader reads; logits against the reference on every
@@ -18,11 +20,11 @@
  * comparison would catch an engine that ignored it); a prefill equals the same tokens
  * decoded one by one; sequences stacked in one step equal each alone, bit for bit; the
  * partitioned long-prompt prefill (score blocks, row slices) equals one whole step; a file
- * without a tensor the architecture needs is refused, naming it. Tolerances are
- * test_model.c's: TOL_FLOAT for f32/f16 weights, TOL_QUANT for Q8_0's 8-bit activations,
- * TOL_PART (relative) between two paths of the engine. Q8_0's mixtures use every expert,
- * as test_moe's: the activations' rounding may flip a near-tied router choice that the
- * reference makes the other way.
+ * without a tensor the architecture needs is refused, naming it (and what its keys may not
+ * say). Tolerances are test_model.c's: TOL_FLOAT for f32/f16 weights, TOL_QUANT for Q8_0's
+ * 8-bit activations, TOL_PART (relative) between two paths of the engine. Q8_0's mixtures
+ * use every expert, as test_moe's: the activations' rounding may flip a near-tied router
+ * choice that the reference makes the other way.
  */
 #include <math.h>
 #include <stdio.h>
@@ -53,6 +55,9 @@ typedef struct arch_edit {
     const char *cut;       /* a 1-D tensor written with its first cut_to elements, or NULL */
     int64_t cut_to;
     const char *copy_from, *copy_to; /* a tensor written once more under another name */
+    const char *bools_key; /* a boolean array key set to bools[0..n_bools), or NULL */
+    const bool *bools;
+    int n_bools;
 } arch_edit;
 
 typedef struct arch_case {
@@ -63,37 +68,46 @@ typedef struct arch_case {
     arch_edit mutation;    /* the same weights without the architecture's own part */
     const char *needed[3]; /* tensors a file must have, NULL-ended */
     int rope_orig_ctx;     /* modelgen's (mistral3: YaRN's original context) */
+    int sliding_window;    /* modelgen's (exaone4: the 32B's hybrid attention) */
 } arch_case;
 
 static const arch_case CASES[] = {
     {"olmo2", "olmo2", 0, 0, 0, "post norms",
      {.drop = {"blk.*.post_attention_norm.weight", "blk.*.post_ffw_norm.weight"}},
-     {"blk.1.post_ffw_norm.weight", "blk.0.attn_k_norm.weight", NULL}, 0},
+     {"blk.1.post_ffw_norm.weight", "blk.0.attn_k_norm.weight", NULL}, 0, 0},
     {"granitemoe", "granitemoe", 8, 2, 0, "residual scale",
      {.f32_key = "granitemoe.residual_scale", .f32_value = 1.0f},
-     {"blk.1.ffn_gate_exps.weight", "blk.0.ffn_gate_inp.weight", NULL}, 0},
+     {"blk.1.ffn_gate_exps.weight", "blk.0.ffn_gate_inp.weight", NULL}, 0, 0},
     {"granitemoe", "granitemoe shared", 8, 2, 192, "shared expert",
      {.drop = {"blk.*.ffn_gate_shexp.weight", "blk.*.ffn_up_shexp.weight",
                "blk.*.ffn_down_shexp.weight"},
       .drop_key = "granitemoe.expert_shared_feed_forward_length"},
-     {"blk.1.ffn_down_shexp.weight", "blk.3.ffn_up_exps.weight", NULL}, 0},
+     {"blk.1.ffn_down_shexp.weight", "blk.3.ffn_up_exps.weight", NULL}, 0, 0},
     /* the same file as llama's rotates every layer */
     {"smollm3", "smollm3", 0, 0, 0, "NoPE layer", {.rename = "llama"},
-     {"blk.3.attn_k.weight", "output_norm.weight", NULL}, 0},
+     {"blk.3.attn_k.weight", "output_norm.weight", NULL}, 0, 0},
     /* the same file as llama's rotates interleaved pairs */
     {"exaone", "exaone", 0, 0, 0, "NEOX RoPE", {.rename = "llama"},
-     {"blk.2.ffn_up.weight", "blk.0.attn_norm.weight", NULL}, 0},
+     {"blk.2.ffn_up.weight", "blk.0.attn_norm.weight", NULL}, 0, 0},
     /* the same file as qwen2's has RMSNorms (its biases and LayerNorms' unread) */
     {"stablelm", "stablelm", 0, 0, 0, "LayerNorms", {.rename = "qwen2"},
-     {"blk.1.attn_norm.bias", "output_norm.bias", NULL}, 0},
+     {"blk.1.attn_norm.bias", "output_norm.bias", NULL}, 0, 0},
     /* an original context of 8: positions 8 and on have their queries scaled */
     {"mistral3", "mistral3", 0, 0, 0, "attention temperature",
      {.f32_key = "mistral3.attention.temperature_scale", .f32_value = 0.0f},
-     {"blk.3.attn_v.weight", "token_embd.weight", NULL}, 8},
+     {"blk.3.attn_v.weight", "token_embd.weight", NULL}, 8, 0},
     /* without the multiplier cos and sin are scaled by 1 + 0.1 ln 64 */
     {"mistral3", "mistral3 yarn", 0, 0, 0, "YaRN attention factor",
      {.drop_key = "mistral3.rope.scaling.yarn_log_multiplier"},
-     {"blk.0.ffn_gate.weight", NULL}, 8},
+     {"blk.0.ffn_gate.weight", NULL}, 8, 0},
+    /* the 1.2B's global attention */
+    {"exaone4", "exaone4", 0, 0, 0, "post norms",
+     {.drop = {"blk.*.post_attention_norm.weight", "blk.*.post_ffw_norm.weight"}},
+     {"blk.1.post_ffw_norm.weight", "blk.2.attn_q_norm.weight", NULL}, 0, 0},
+    /* the 32B's: layers 0-2 slide over 8 positions and rotate, layer 3 neither */
+    {"exaone4", "exaone4 hybrid", 0, 0, 0, "hybrid attention",
+     {.drop_key = "exaone4.attention.sliding_window"},
+     {"blk.3.attn_k_norm.weight", NULL}, 0, 8},
 };
 #define N_CASES (int)(sizeof CASES / sizeof *CASES)
 
@@ -103,7 +117,8 @@ static modelgen_params arch_params(const arch_case *c, uint32_t type)
                              .n_head_kv = 4, .n_ff = 256, .n_ctx = 512, .type = type,
                              .seed = 11, .n_vocab = N_VOCAB, .n_threads = 1,
                              .n_expert = c->n_expert, .n_expert_used = c->n_expert_used,
-                             .n_ff_shexp = c->n_ff_shexp, .rope_orig_ctx = c->rope_orig_ctx};
+                             .n_ff_shexp = c->n_ff_shexp, .rope_orig_ctx = c->rope_orig_ctx,
+                             .sliding_window = c->sliding_window};
 }
 
 static const char *gen(const modelgen_params *p, const char *name)
@@ -170,6 +185,8 @@ static int rewrite(const char *src, const char *dst, const arch_edit *e)
                 rc = -1;
         } else if (e->f32_key && !strcmp(key, e->f32_key)) {
             rc = gguf_writer_set_f32(w, key, e->f32_value);
+        } else if (e->bools_key && !strcmp(key, e->bools_key)) {
+            rc = gguf_writer_set_arr(w, key, GGUF_BOOL, e->bools, (uint64_t)e->n_bools);
         } else {
             rc = gguf_writer_copy_kv(w, g, i);
         }
@@ -290,6 +307,22 @@ static void test_metadata(void)
     CHECK_NEAR(hp->attn_temp_scale, 0.1, 1e-7);
     CHECK_EQ(hp->attn_temp_floor, 8);
     model_free(m);
+    /* exaone4: OLMo 2's norms, NEOX RoPE; with a window, layers 0-2 slide and rotate */
+    for (int c = 8; c <= 9; c++) {
+        m = load_case(&CASES[c], "meta");
+        CHECK(m);
+        hp = model_hparams_of(m);
+        CHECK_EQ(hp->arch, (int)MODEL_ARCH_EXAONE4);
+        CHECK_EQ(hp->rope_style, MODEL_ROPE_HALVES);
+        CHECK(!hp->pre_norms && hp->post_norms);
+        CHECK_NEAR(hp->rope_base, 1e6, 1e-3);
+        for (int l = 0; l < hp->n_layer; l++) {
+            bool hybrid = c == 9, global = l == 3;
+            CHECK_MSG(model_layer_window(hp, l) == (hybrid && !global ? 8 : 0), "layer %d", l);
+            CHECK_MSG(model_layer_rotates(hp, l) == !(hybrid && global), "layer %d", l);
+        }
+        model_free(m);
+    }
 }
 
 /* ---- the forward against the reference ---- */
@@ -515,6 +548,17 @@ static void test_missing_parts_refused(void)
     CHECK(model_load(dst, err) == NULL);
     printf("  stablelm: refused: %s\n", err);
     CHECK_MSG(strstr(err, "blk.1.attn_q_norm.weight") && strstr(err, "not supported"), "%s", err);
+    /* exaone4: sliding layers other than all but every p-th */
+    p = arch_params(&CASES[9], QTYPE_F16);
+    src = gen(&p, "whole");
+    CHECK(src);
+    const bool irregular[4] = {true, false, false, true};
+    e = (arch_edit){.bools_key = "exaone4.attention.sliding_window_pattern", .bools = irregular,
+                    .n_bools = 4};
+    CHECK(rewrite(src, dst, &e) == 0);
+    CHECK(model_load(dst, err) == NULL);
+    printf("  exaone4: refused: %s\n", err);
+    CHECK_MSG(strstr(err, "sliding_window_pattern") && strstr(err, "every p-th"), "%s", err);
 }
 
 int main(void)

@@ -473,6 +473,10 @@ static void check_roundtrip(gguf_file *g, size_t alignment)
     CHECK(gguf_arr_f32(g, "arr.f64", fv, 2) && fv[0] == 0.1f);
     CHECK(gguf_get_arr(g, "arr.bool", &et, &n) && et == GGUF_BOOL && n == 3);
     CHECK(!gguf_arr_f32(g, "arr.bool", fv, 3));
+    bool bv[3];
+    CHECK(!gguf_arr_bool(g, "arr.bool", bv, 2));
+    CHECK(!gguf_arr_bool(g, "arr.u8", bv, 3));
+    CHECK(gguf_arr_bool(g, "arr.bool", bv, 3) && bv[0] && !bv[1] && bv[2]);
     CHECK(gguf_get_arr(g, "arr.empty", &et, &n) && et == GGUF_INT32 && n == 0);
     CHECK(gguf_arr_i32(g, "arr.empty", iv, 0));
     CHECK(gguf_get_arr(g, "arr.str", &et, &n) && et == GGUF_STRING && n == 4);

@@ -1,6 +1,7 @@
 /*
  * llmsd serves a file of each of the smaller architectures (olmo2, granitemoe with a
- * shared expert, smollm3, exaone, stablelm, mistral3): a random-weight model of each
+ * shared expert, smollm3, exaone, stablelm, mistral3, exaone4 with the 32B's hybrid
+ * attention): a random-weight model of each
  * (modelgen, 4 layers, F32)
  * on the test data's llama SPM vocabulary; the daemon reports the architecture and
  * llama.cpp's /completion on token ids answers with the ids, log-probabilities and
@@ -153,6 +154,13 @@ static void serves_mistral3(void)
     serves(p);
 }
 
+static void serves_exaone4(void)
+{
+    modelgen_params p = small("exaone4");
+    p.sliding_window = 8;
+    serves(p);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -167,5 +175,6 @@ int main(int argc, char **argv)
     RUN(serves_exaone);
     RUN(serves_stablelm);
     RUN(serves_mistral3);
+    RUN(serves_exaone4);
     return test_finish();
 }

@@ -43,6 +43,12 @@
  * rotate_half RoPE on q and k as they are in the file (its converter does not permute them
  * into interleaved pairs, as it does llama's), computed here as qwen's.
  *
+ * EXAONE 4.0 (modeling_exaone4: Exaone4DecoderLayer, Exaone4Attention) normalizes its
+ * sublayers' outputs as OLMo 2 does, q and k per head as qwen3 does, and, where the config
+ * has a sliding window, masks the layers layer_types calls "sliding_attention" (the
+ * GGUF's sliding_window_pattern booleans) to it and rotates only those: the others attend
+ * to everything without RoPE.
+ *
  * gpt-oss follows HF transformers' modeling_gpt_oss (GptOssForCausalLM) and its config:
  * per layer x += o_proj(attn(input_layernorm(x))) + o bias, x += mlp(post_attention_layernorm(x))
  * (the GGUF's attn_norm and post_attention_norm); q/k/v with biases, rotated by
@@ -98,7 +104,8 @@ struct ref_model {
     bool norm_topk_prob;
     bool qk_norm_whole; /* OlmoeAttention, Olmo2Attention: q_norm and k_norm over the whole
                            projections */
-    bool olmo2;         /* Olmo2DecoderLayer: no input norms (attn_norm, ffn_norm absent) */
+    bool no_input_norms; /* Olmo2DecoderLayer, Exaone4DecoderLayer: attn_norm and ffn_norm
+                            absent, the sublayers read the residual stream as it is */
     int no_rope_interval; /* SmolLM3: layers with (l + 1) % it == 0 have no RoPE; 0: none */
     bool layer_norm;    /* StableLM: nn.LayerNorm (with bias) where the others have RMSNorm */
     int *routes; /* ref_model_record_routes's, or NULL */
@@ -111,6 +118,7 @@ struct ref_model {
     /* Gemma (and the neutral values for the others) */
     double attn_cap, final_cap; /* 0: none */
     int window, pattern;        /* 0: none; sliding layers: l % pattern < pattern - 1 */
+    bool *slides;               /* (n_layer) exaone4: HF's layer_types, sliding ones true */
     double rope_factor;         /* gemma3's global layers: positions / factor */
     bool gptoss;
     double *yarn_inv_freq;       /* gpt-oss, mistral3: (rotary_dim / 2) YaRN's, or NULL */
@@ -259,7 +267,7 @@ ref_model *ref_model_load(const gguf_file *g)
                                         "granite", "gemma",   "gemma2",   "gemma3",
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss", "mistral3"};
+                                        "gpt-oss", "mistral3", "exaone4"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -279,11 +287,12 @@ ref_model *ref_model_load(const gguf_file *g)
               : !strcmp(arch, "smollm3") || !strcmp(arch, "mistral3") ? REF_LLAMA
               : qwen2moe || m->gptoss || !strcmp(arch, "stablelm") ? REF_QWEN2
                                                                    : REF_QWEN3;
-    m->olmo2 = !strcmp(arch, "olmo2");
+    bool exaone4 = !strcmp(arch, "exaone4");
+    m->no_input_norms = !strcmp(arch, "olmo2") || exaone4;
     /* SmolLM3Config's no_rope_layers default: use_rope = (layer_idx + 1) % 4 != 0 */
     m->no_rope_interval = !strcmp(arch, "smollm3") ? 4 : 0;
     m->layer_norm = !strcmp(arch, "stablelm");
-    m->qk_norm_whole = olmoe || m->olmo2;
+    m->qk_norm_whole = olmoe || !strcmp(arch, "olmo2");
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
     m->n_head = ref_u32(g, arch, "attention.head_count", 0);
@@ -332,6 +341,15 @@ ref_model *ref_model_load(const gguf_file *g)
     if (m->arch == REF_GEMMA2) {
         m->attn_cap = ref_f32(g, arch, "attn_logit_softcapping", 50.0);
         m->final_cap = ref_f32(g, arch, "final_logit_softcapping", 30.0);
+    }
+    if (exaone4 && (m->window = ref_u32(g, arch, "attention.sliding_window", 0)) > 0) {
+        char k[128];
+        snprintf(k, sizeof k, "%s.attention.sliding_window_pattern", arch);
+        m->slides = malloc((size_t)m->n_layer * sizeof *m->slides);
+        if (!gguf_arr_bool(g, k, m->slides, (uint64_t)m->n_layer)) {
+            ref_model_free(m);
+            return NULL;
+        }
     }
     if ((m->gptoss && ref_gptoss_load(g, arch, m) < 0) ||
         (!strcmp(arch, "mistral3") && ref_mistral3_load(g, arch, m) < 0)) {
@@ -413,7 +431,7 @@ ref_model *ref_model_load(const gguf_file *g)
                                      (!m->n_ff_shexp || (L->gate && L->up && L->down))
                                : L->gate && L->up && L->down;
         /* OLMo 2's post norms are computed where the file has them, as Gemma's */
-        bool norms = m->olmo2 ? L->q_norm && L->k_norm : L->attn_norm && L->ffn_norm;
+        bool norms = m->no_input_norms ? L->q_norm && L->k_norm : L->attn_norm && L->ffn_norm;
         norms = norms && (!m->layer_norm || (L->attn_norm_b && L->ffn_norm_b));
         if (!norms || !L->wq || !L->wk || !L->wv || !L->wo || !ffn) {
             ref_model_free(m);
@@ -444,6 +462,7 @@ void ref_model_free(ref_model *m)
     }
     free(m->layers);
     free(m->yarn_inv_freq);
+    free(m->slides);
     free(m->long_factor);
     free(m->short_factor);
     if (m->out != m->embd)
@@ -530,6 +549,8 @@ static void ref_matvec(double *y, const double *w, const double *x, const double
 /* Whether layer l attends through the sliding window. */
 static bool ref_sliding(const ref_model *m, int l)
 {
+    if (m->slides)
+        return m->window > 0 && m->slides[l];
     return m->window > 0 && l % m->pattern < m->pattern - 1;
 }
 
@@ -697,7 +718,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     for (int l = 0; l < m->n_layer; l++) {
         const ref_layer *L = &m->layers[l];
         for (int t = 0; t < n; t++) {
-            if (m->olmo2)
+            if (m->no_input_norms)
                 memcpy(xn, x + (size_t)t * dim, (size_t)dim * sizeof(double));
             else
                 ref_norm(m, xn, x + (size_t)t * dim, L->attn_norm, L->attn_norm_b);
@@ -714,7 +735,9 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 for (int h = 0; h < m->n_kv_head; h++)
                     ref_rmsnorm(k + (size_t)t * kvd + h * hd, k + (size_t)t * kvd + h * hd, L->k_norm, hd, m->eps);
             }
-            if (!m->no_rope_interval || (l + 1) % m->no_rope_interval != 0) {
+            /* Exaone4Attention rotates where the model has no window or the layer slides */
+            bool exaone4_global = m->slides && !ref_sliding(m, l);
+            if ((!m->no_rope_interval || (l + 1) % m->no_rope_interval != 0) && !exaone4_global) {
                 ref_rope(m, l, q + (size_t)t * qd, m->n_head, positions[t]);
                 ref_rope(m, l, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
             }
@@ -770,7 +793,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 x[(size_t)t * dim + i] += tmp[i] * m->residual_multiplier;
         }
         for (int t = 0; t < n; t++) {
-            if (m->olmo2)
+            if (m->no_input_norms)
                 memcpy(xn, x + (size_t)t * dim, (size_t)dim * sizeof(double));
             else
                 ref_norm(m, xn, x + (size_t)t * dim, L->ffn_norm, L->ffn_norm_b);
