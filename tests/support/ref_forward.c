@@ -43,6 +43,15 @@
  * rotate_half RoPE on q and k as they are in the file (its converter does not permute them
  * into interleaved pairs, as it does llama's), computed here as qwen's.
  *
+ * GLM-4 follows modeling_glm4 (Glm4DecoderLayer, Glm4Attention, Glm4MLP): RMSNorms around
+ * both sublayers,
+ *     h = x + post_self_attn_layernorm(attn(input_layernorm(x)))
+ *     x = h + post_mlp_layernorm(mlp(post_attention_layernorm(h)))
+ * (the GGUF's attn_norm, post_attention_norm, ffn_norm and post_ffw_norm), q/k/v with
+ * biases where attention_bias, gate_up_proj chunked into gate then up (split as phi3's),
+ * and its own rotate_half, which pairs neighbours (x[2i], x[2i+1]), with cos and sin
+ * repeated to match, over the first partial_rotary_factor of each head.
+ *
  * gpt-oss follows HF transformers' modeling_gpt_oss (GptOssForCausalLM) and its config:
  * per layer x += o_proj(attn(input_layernorm(x))) + o bias, x += mlp(post_attention_layernorm(x))
  * (the GGUF's attn_norm and post_attention_norm); q/k/v with biases, rotated by
@@ -101,6 +110,7 @@ struct ref_model {
     bool olmo2;         /* Olmo2DecoderLayer: no input norms (attn_norm, ffn_norm absent) */
     int no_rope_interval; /* SmolLM3: layers with (l + 1) % it == 0 have no RoPE; 0: none */
     bool layer_norm;    /* StableLM: nn.LayerNorm (with bias) where the others have RMSNorm */
+    bool glm4;          /* GLM-4: gate and up in one ffn_up, RoPE in neighbouring pairs */
     int *routes; /* ref_model_record_routes's, or NULL */
     double rope_base, eps;
     double *long_factor, *short_factor; /* phi3 LongRoPE (rotary_dim / 2) or NULL */
@@ -228,7 +238,7 @@ ref_model *ref_model_load(const gguf_file *g)
                                         "granite", "gemma",   "gemma2",   "gemma3",
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss"};
+                                        "gpt-oss", "glm4"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -243,9 +253,10 @@ ref_model *ref_model_load(const gguf_file *g)
     bool qwen2moe = !strcmp(arch, "qwen2moe"), olmoe = !strcmp(arch, "olmoe");
     bool granitemoe = !strcmp(arch, "granitemoe");
     m->gptoss = !strcmp(arch, "gpt-oss");
+    m->glm4 = !strcmp(arch, "glm4"); /* llama's SwiGLU and attention, with its own parts */
     m->arch = ai <= REF_GEMMA3                                     ? ai
               : granitemoe                                         ? REF_GRANITE
-              : !strcmp(arch, "smollm3")                           ? REF_LLAMA
+              : !strcmp(arch, "smollm3") || m->glm4                ? REF_LLAMA
               : qwen2moe || m->gptoss || !strcmp(arch, "stablelm") ? REF_QWEN2
                                                                    : REF_QWEN3;
     m->olmo2 = !strcmp(arch, "olmo2");
@@ -333,6 +344,8 @@ ref_model *ref_model_load(const gguf_file *g)
         L->wv = T("attn_v.weight");
         if (m->arch == REF_PHI3)
             ref_split_phi3(m, L, T("attn_qkv.weight"), T("ffn_up.weight"));
+        if (m->glm4) /* Glm4MLP's gate_up_proj */
+            ref_split_phi3(m, L, NULL, T("ffn_up.weight"));
         L->wo = T("attn_output.weight");
         L->bq = T("attn_q.bias");
         L->bk = T("attn_k.bias");
@@ -369,7 +382,7 @@ ref_model *ref_model_load(const gguf_file *g)
                 L->down = T("ffn_down_shexp.weight");
             }
         } else {
-            if (m->arch != REF_PHI3) {
+            if (m->arch != REF_PHI3 && !m->glm4) {
                 L->gate = T("ffn_gate.weight");
                 L->up = T("ffn_up.weight");
             }
@@ -504,7 +517,8 @@ static bool ref_sliding(const ref_model *m, int l)
 /* rotate_half over the first rotary_dim of each head (the rest passes, as Phi3's
  * partial rotary); inv_freq divided by LongRoPE's ext_factors, cos and sin times its
  * attention_factor. llama and granite GGUF files hold q/k permuted by the converter, so
- * that HF's halves are interleaved pairs there. */
+ * that HF's halves are interleaved pairs there; GLM-4's rotate_half pairs neighbours in
+ * HF's own code. */
 static void ref_rope(const ref_model *m, int l, double *x, int n_heads, int pos)
 {
     int hd = m->head_dim, rd = m->rotary_dim;
