@@ -15,7 +15,9 @@
  * ones; a prefill equals the same tokens decoded one by one; sequences stacked in one step
  * equal each alone, bit for bit; the partitioned long-prompt prefill equals one whole step;
  * files without a part glm4 needs, or with GLM-4.1V's or GLM-OCR's keys, are refused,
- * naming the tensor or the key. Tolerances are test_archs.c's.
+ * naming the tensor or the key. Tolerances are test_archs.c's. The tokenizer's
+ * pre-tokenizers "glm4" and "chatglm-bpe" give llama.cpp's ids on the GPT-2 vocabulary of
+ * the shared test data, without BOS.
  */
 #include <math.h>
 #include <stdio.h>
@@ -26,6 +28,8 @@
 #include "engine/gguf/modelgen.h"
 #include "engine/model/model.h"
 #include "engine/quant/quant.h"
+#include "engine/tok/tokenizer.h"
+#include "tests/support/gguf_copy.h"
 #include "tests/support/model_check.h"
 #include "tests/support/ref_forward.h"
 #include "tests/support/test.h"
@@ -484,6 +488,51 @@ static void test_missing_parts_refused(void)
     }
 }
 
+/* The GPT-2 vocabulary with tokenizer.ggml.pre "glm4" or "chatglm-bpe" (GLM-4's own
+ * vocabulary is not in the test data): llama3's split (contractions of any case, digits in
+ * threes, line breaks apart), no BOS; the ids are llama.cpp's (2026-04, llama_tokenize with
+ * add_special and parse_special) on the same file. */
+static void test_pre_tokenizer(void)
+{
+    const char *src = test_data_path("vocab/ggml-vocab-gpt-2.gguf");
+    if (!src) {
+        SKIP("no shared test data (vocab/ggml-vocab-gpt-2.gguf)");
+        return;
+    }
+    static const struct {
+        const char *text;
+        int n;
+        int32_t ids[16];
+    } cases[] = {
+        {"Hello, world 1234567!", 8, {15496, 11, 995, 220, 10163, 29228, 22, 0}},
+        {"don'T 'S 'Re 1234567890 x", 13,
+         {9099, 6, 51, 705, 50, 705, 3041, 220, 10163, 29228, 40401, 15, 2124}},
+        {"a\r\nb\n\n\nc  \n d", 11, {64, 201, 198, 65, 628, 198, 66, 220, 220, 198, 288}},
+        {"  leading\n\n\ttabs   and spaces  ", 12,
+         {220, 3756, 628, 197, 8658, 82, 220, 220, 290, 9029, 220, 220}},
+    };
+    const char *pres[] = {"glm4", "chatglm-bpe"};
+    for (int p = 0; p < 2; p++) {
+        char path[512], err[ERR_MAX];
+        snprintf(path, sizeof path, "%s/glm4-vocab-%d.gguf", test_tmpdir(), p);
+        CHECK_MSG(gguf_copy_with_str(src, path, "tokenizer.ggml.pre", pres[p], err) == 0, "%s",
+                  err);
+        gguf_file *g = gguf_open(path, err);
+        CHECK_MSG(g, "%s", err);
+        tokenizer *t = NULL;
+        CHECK_MSG(tok_load(g, &t, err) == 0, "%s: %s", pres[p], err);
+        CHECK(!tok_add_bos(t));
+        for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+            int32_t ids[64];
+            int n = tok_encode(t, cases[c].text, strlen(cases[c].text), true, true, ids, 64);
+            CHECK_MSG(n == cases[c].n && !memcmp(ids, cases[c].ids, (size_t)n * sizeof *ids),
+                      "%s: case %zu: %d ids", pres[p], c, n);
+        }
+        tok_free(t);
+        gguf_close(g);
+    }
+}
+
 int main(void)
 {
     RUN(test_metadata);
@@ -495,5 +544,6 @@ int main(void)
     RUN(test_batched_equals_alone);
     RUN(test_partitioned_prefill);
     RUN(test_missing_parts_refused);
+    RUN(test_pre_tokenizer);
     return test_finish();
 }
