@@ -3,7 +3,8 @@
  *
  *   mkmodel -o OUT.gguf
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
- *                  |olmo2|granitemoe|smollm3|exaone|stablelm|glm4|gpt-oss|bert|nomic-bert
+ *                  |olmo2|granitemoe|smollm3|exaone|stablelm|glm4|chatglm|gpt-oss|bert
+ *                  |nomic-bert
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]
  *            [--expert-type mxfp4|type]]
@@ -15,7 +16,7 @@
  *                                        or mean, rank, bert only, adds the cross-encoder
  *                                        head; a decoder gets one only when given)
  *           [--rope-dims N]   (decoders: partial rotary, rope.dimension_count N; stablelm's
- *                             default is a quarter of the head, glm4's half)
+ *                             default is a quarter of the head, glm4's and chatglm's half)
  *           [--rope-orig-ctx N]   (phi3: LongRoPE factors for an original context N < C)
  *           [--sliding-window W]   (attention.sliding_window: phi3's, default none;
  *                                   gemma2/gemma3's/gpt-oss's, default 4096 / 1024 / 128)
@@ -93,7 +94,7 @@ static void usage(FILE *out)
             "usage: mkmodel -o OUT.gguf\n"
             "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
             "                      gemma|gemma2|gemma3|olmo2|granitemoe|smollm3|exaone|\n"
-            "                      stablelm|glm4|gpt-oss|bert|nomic-bert\n"
+            "                      stablelm|glm4|chatglm|gpt-oss|bert|nomic-bert\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]\n"
             "                [--expert-type mxfp4|type]]\n"
@@ -112,7 +113,8 @@ static void usage(FILE *out)
             "               cross-encoder head; decoders: written only when given, as an\n"
             "               embedding model's)\n"
             "               [--rope-dims N]  (decoders: rotate N of each head's dimensions;\n"
-            "               stablelm's default is a quarter of them, glm4's half)\n"
+            "               stablelm's default is a quarter of them, glm4's and\n"
+            "               chatglm's half)\n"
             "               [--rope-orig-ctx N]  (phi3: LongRoPE's long and short factors,\n"
             "               original context N; the long ones apply above it)\n"
             "               [--sliding-window W]  (phi3: default none; gemma2/gemma3/gpt-oss:\n"

@@ -222,7 +222,8 @@ static int lora_check_tensors(lora *l, char err[ERR_MAX])
          * ffn_up too), which the forward reads as views: a delta of the whole would need
          * splitting too */
         enum model_arch arch = model_hparams_of(l->base)->arch;
-        bool fused_up = arch == MODEL_ARCH_PHI3 || arch == MODEL_ARCH_GLM4;
+        bool fused_up = arch == MODEL_ARCH_PHI3 || arch == MODEL_ARCH_GLM4 ||
+                        arch == MODEL_ARCH_CHATGLM;
         if (lora_has(t->name, ".attn_qkv.weight.") ||
             (fused_up && lora_has(t->name, ".ffn_up.weight."))) {
             err_set(err, "%.*s: an adapter of a fused matrix (q, k, v or gate, up in one) is "

@@ -1,6 +1,6 @@
 /*
  * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite / gemma / gemma2 / gemma3 /
- * olmo2 / smollm3 / exaone / stablelm / glm4 / gpt-oss model (or a mixture of experts of llama,
+ * olmo2 / smollm3 / exaone / stablelm / glm4 / chatglm / gpt-oss model (or a mixture of experts of llama,
  * qwen2, qwen3, olmoe or granite) from GGUF and its forward pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
@@ -127,6 +127,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_EXAONE] = "exaone",
     [MODEL_ARCH_STABLELM] = "stablelm",
     [MODEL_ARCH_GLM4] = "glm4",
+    [MODEL_ARCH_CHATGLM] = "chatglm",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -477,14 +478,16 @@ static int model_read_stablelm(const gguf_file *g, const char *arch, model_hpara
  * neighbours, and its converter writes q and k as they are). The epsilon is required, as
  * llama.cpp requires it. Files of GLM-4.1V's language model (M-RoPE sections) and of
  * GLM-OCR (NextN layers after the others) are refused: rotating by sections and skipping
- * those layers are not computed here.
+ * those layers are not computed here. ChatGLM (chatglm: GLM-4-9B-chat of 2024, ChatGLM3),
+ * as llama.cpp reads it and THUDM's modeling_chatglm computes it, is the same without the
+ * norms of the sublayers' outputs.
  */
 static int model_read_glm4(const gguf_file *g, const char *arch, model_hparams *hp,
                            char err[ERR_MAX])
 {
-    if (hp->arch != MODEL_ARCH_GLM4)
+    if (hp->arch != MODEL_ARCH_GLM4 && hp->arch != MODEL_ARCH_CHATGLM)
         return 0;
-    hp->post_norms = true;
+    hp->post_norms = hp->arch == MODEL_ARCH_GLM4;
     static const char *const refused[] = {"rope.dimension_sections", "nextn_predict_layers"};
     char key[128];
     for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
@@ -512,7 +515,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     /* llama.cpp's converter permutes their q and k rows (LlamaModel's): HF's halves become
      * interleaved pairs */
     bool interleaved = hp->arch == MODEL_ARCH_LLAMA || granite || hp->arch == MODEL_ARCH_SMOLLM3 ||
-                       hp->arch == MODEL_ARCH_GLM4; /* GLM's own rotary pairs neighbours */
+                       hp->arch == MODEL_ARCH_GLM4 || /* GLM's own rotary pairs neighbours */
+                       hp->arch == MODEL_ARCH_CHATGLM;
     hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
     /* their experts' sizes have keys of their own: feed_forward_length is only a default */
     bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE ||
@@ -822,11 +826,12 @@ static int model_read_longrope(model *m, char err[ERR_MAX])
     return 0;
 }
 
-/* GLM-4's q, k, v and feed-forward matrices of layer l, as llama.cpp reads them: q, k, v
- * separate, with biases where the file has them (all three or none: GLM-4-0414's
- * attention_bias), or one attn_qkv with an optional bias of q, k and v back to back,
- * which llama.cpp reads as well; gate and up in one ffn_up of 2 n_ff rows, the gate's
- * first (Glm4MLP's gate_up_proj, chunked in two), read as views as phi3's. */
+/* GLM-4's (and ChatGLM's) q, k, v and feed-forward matrices of layer l, as llama.cpp
+ * reads them: q, k, v separate, with biases where the file has them (all three or none:
+ * GLM-4-0414's attention_bias), or one attn_qkv with an optional bias of q, k and v back
+ * to back (ChatGLM's query_key_value, which llama.cpp reads for glm4 as well); gate and up
+ * in one ffn_up of 2 n_ff rows, the gate's first (Glm4MLP's gate_up_proj, chunked in two),
+ * read as views as phi3's. */
 static int model_load_glm4(model *m, model_layer *L, int l, char err[ERR_MAX])
 {
     const model_hparams *hp = &m->hp;
@@ -942,7 +947,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         if (hp->arch == MODEL_ARCH_STABLELM && gguf_find_tensor(m->g, NAME("attn_q_norm.weight")))
             return err_set(err, "tensor '%s': StableLM 2 12B's per-head q/k LayerNorms are not "
                                 "supported", name);
-        if (hp->arch == MODEL_ARCH_GLM4) {
+        if (hp->arch == MODEL_ARCH_GLM4 || hp->arch == MODEL_ARCH_CHATGLM) {
             if (model_load_glm4(m, L, l, err) < 0)
                 return -1;
         } else if (fused) {

@@ -24,7 +24,8 @@
  * 1.6B/3B: LayerNorms with biases, partial NEOX rotary, q/k/v biases where the file has
  * them); "glm4" (GLM-4-0414, GLM-Z1: gemma2's norms around each sublayer, q/k/v biases where
  * the file has them, gate and up in one ffn_up as phi3's, interleaved RoPE over half of
- * each head); OpenAI's "gpt-oss" (gpt-oss-20b/120b in llama.cpp's layout): q/k/v/o with biases,
+ * each head), "chatglm" (GLM-4-9B-chat of 2024, ChatGLM3: glm4 without the norms of the
+ * sublayers' outputs, q/k/v in one attn_qkv with its bias); OpenAI's "gpt-oss" (gpt-oss-20b/120b in llama.cpp's layout): q/k/v/o with biases,
  * NEOX RoPE with YaRN, attention sinks (one learned logit per head in every softmax's
  * denominator), a sliding window on the even layers, and experts with biases (router
  * included) and OpenAI's clamped SwiGLU, routed by softmax over the top k of the router's
@@ -66,6 +67,7 @@ enum model_arch {
     MODEL_ARCH_EXAONE,
     MODEL_ARCH_STABLELM,
     MODEL_ARCH_GLM4,
+    MODEL_ARCH_CHATGLM,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */

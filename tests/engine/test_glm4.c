@@ -1,23 +1,24 @@
 /*
- * GLM-4 (glm4: GLM-4-9B/32B-0414, GLM-Z1) in the decoder engine, against the
- * double-precision reference (tests/support/ref_forward.c, written from Hugging Face's
- * modeling_glm4): RMSNorms before and after each sublayer, q/k/v biases, gate and up in one
- * ffn_up, RoPE over half of each head in neighbouring pairs.
+ * GLM-4 (glm4: GLM-4-9B/32B-0414, GLM-Z1) and ChatGLM (chatglm: GLM-4-9B-chat of 2024) in
+ * the decoder engine, against the double-precision reference (tests/support/ref_forward.c,
+ * written from Hugging Face's modeling_glm4 and THUDM's modeling_chatglm): RMSNorms before
+ * each sublayer and (glm4) after it, q/k/v biases (chatglm's in one attn_qkv with q, k and
+ * v), gate and up in one ffn_up, RoPE over half of each head in neighbouring pairs.
  *
- * The model is modelgen's on a synthetic 260-token vocabulary, with grouped-query
- * attention (4 heads over 2 KV heads) as GLM-4's. Checked: the hyper-parameters the loader
- * reads; logits against the reference on every attention path (a 40-row prefill on sgemm,
- * sub-batches of 8 on per-row attention, gapped and out-of-order batches, compressed KV
- * chunks) in float and 8-bit weights; that removing each of glm4's own parts from the file
- * (the post norms, the biases) or rotating whole heads moves the reference far past the
- * tolerance, so the comparison would catch an engine that ignored it; that q, k and v fused
- * into one attn_qkv with one bias (as llama.cpp also reads glm4) answer as the separate
- * ones; a prefill equals the same tokens decoded one by one; sequences stacked in one step
- * equal each alone, bit for bit; the partitioned long-prompt prefill equals one whole step;
- * files without a part glm4 needs, or with GLM-4.1V's or GLM-OCR's keys, are refused,
- * naming the tensor or the key. Tolerances are test_archs.c's. The tokenizer's
- * pre-tokenizers "glm4" and "chatglm-bpe" give llama.cpp's ids on the GPT-2 vocabulary of
- * the shared test data, without BOS.
+ * The models are modelgen's on a synthetic 260-token vocabulary, with grouped-query
+ * attention (4 heads over 2 KV heads) as GLM-4's. Checked for each: the hyper-parameters
+ * the loader reads; logits against the reference on every attention path (a 40-row
+ * prefill on sgemm, sub-batches of 8 on per-row attention, gapped and out-of-order
+ * batches, compressed KV chunks) in float and 8-bit weights; that removing each of its own
+ * parts from the file (glm4's post norms, the biases) or rotating whole heads moves the
+ * reference far past the tolerance, so the comparison would catch an engine that ignored
+ * it; that q, k and v fused into one attn_qkv with one bias (as llama.cpp also reads glm4)
+ * answer as glm4's separate ones; a prefill equals the same tokens decoded one by one;
+ * sequences stacked in one step equal each alone, bit for bit; the partitioned long-prompt
+ * prefill equals one whole step; files without a part the architecture needs, or with
+ * GLM-4.1V's or GLM-OCR's keys, are refused, naming the tensor or the key. Tolerances are
+ * test_archs.c's. The tokenizer's pre-tokenizers "glm4" and "chatglm-bpe" give llama.cpp's
+ * ids on the GPT-2 vocabulary of the shared test data, without BOS.
  */
 #include <math.h>
 #include <stdio.h>
@@ -41,9 +42,12 @@
 #define TOL_KV_INT4 0.8
 #define N_VOCAB 260
 
-static modelgen_params glm4_params(uint32_t type)
+static const char *const ARCHS[] = {"glm4", "chatglm"};
+#define N_ARCHS 2
+
+static modelgen_params glm4_params(const char *arch, uint32_t type)
 {
-    return (modelgen_params){.arch = "glm4", .dim = 128, .n_layer = 4, .n_head = 4,
+    return (modelgen_params){.arch = arch, .dim = 128, .n_layer = 4, .n_head = 4,
                              .n_head_kv = 2, .n_ff = 256, .n_ctx = 512, .type = type,
                              .seed = 17, .n_vocab = N_VOCAB, .n_threads = 1};
 }
@@ -53,7 +57,7 @@ static const char *gen(const modelgen_params *p, const char *name)
     static char path[4][512];
     static int k;
     char *out = path[k++ % 4];
-    snprintf(out, sizeof path[0], "%s/glm4-%s.gguf", test_tmpdir(), name);
+    snprintf(out, sizeof path[0], "%s/%s-%s.gguf", test_tmpdir(), p->arch, name);
     char err[ERR_MAX];
     if (modelgen_write(p, out, err) < 0) {
         fprintf(stderr, "modelgen: %s\n", err);
@@ -179,60 +183,72 @@ static int32_t tok_at(int i)
  * (positions 0..7, 30..37, then 12..15 after them). */
 static const model_check_plan PLAN = {.n_prefill = 40, .n_total = 46, .gap_b = 30, .gap_c = 12};
 
-static void test_metadata(void)
+static void metadata_of(int a)
 {
     char err[ERR_MAX];
-    modelgen_params p = glm4_params(QTYPE_F32);
+    modelgen_params p = glm4_params(ARCHS[a], QTYPE_F32);
     model *m = model_load(gen(&p, "meta"), err);
     CHECK_MSG(m, "%s", err);
     const model_hparams *hp = model_hparams_of(m);
-    CHECK_EQ(hp->arch, (int)MODEL_ARCH_GLM4);
-    CHECK(!strcmp(model_arch_name(hp->arch), "glm4"));
+    CHECK_EQ(hp->arch, a == 0 ? (int)MODEL_ARCH_GLM4 : (int)MODEL_ARCH_CHATGLM);
+    CHECK(!strcmp(model_arch_name(hp->arch), ARCHS[a]));
     CHECK_EQ(hp->rope_style, MODEL_ROPE_INTERLEAVED);
     CHECK_EQ(hp->rope_dims, 16); /* half of each 32-wide head */
-    CHECK(hp->pre_norms && hp->post_norms);
+    CHECK(hp->pre_norms && hp->post_norms == (a == 0));
     CHECK_EQ(hp->norm, MODEL_NORM_RMS);
     CHECK_EQ(hp->ffn_act, MODEL_FFN_SILU);
     CHECK(hp->n_head == 4 && hp->n_head_kv == 2 && hp->head_dim == 32 && hp->n_ff == 256);
     CHECK_NEAR(hp->attn_scale, 1.0 / sqrt(32.0), 1e-7);
     CHECK_NEAR(hp->rope_base, 10000.0, 1e-3);
     CHECK_NEAR(hp->norm_eps, 1e-5, 1e-12);
-    /* gate and up are views of one ffn_up's rows, the gate's first */
+    /* gate and up are views of one ffn_up's rows, the gate's first; chatglm's q, k, v of
+     * one attn_qkv's, its biases of one bias */
     model_layer_tensors lt;
     model_layer_tensors_of(m, 1, &lt);
     CHECK(lt.w_gate.rows == 256 && lt.w_up.rows == 256);
     CHECK((const char *)lt.w_up.data == (const char *)lt.w_gate.data + 256 * lt.w_gate.row_bytes);
     CHECK(lt.extras.bq && lt.extras.bk && lt.extras.bv);
+    CHECK(a == 0 || ((const char *)lt.wk.data == (const char *)lt.wq.data + 128 * lt.wq.row_bytes &&
+                     lt.extras.bk == lt.extras.bq + 128 && lt.extras.bv == lt.extras.bk + 64));
     model_free(m);
+}
+
+static void test_metadata(void)
+{
+    for (int a = 0; a < N_ARCHS; a++)
+        metadata_of(a);
 }
 
 static void test_logits_vs_reference(void)
 {
     const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_Q8_0};
-    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
-        modelgen_params p = glm4_params(types[t]);
-        const char *path = gen(&p, "ref");
-        CHECK(path);
-        bool f16_rounds = types[t] == QTYPE_F16 && quant_f16_rounds_activation(p.dim);
-        double tol = types[t] == QTYPE_F32 || (types[t] == QTYPE_F16 && !f16_rounds) ? TOL_FLOAT
-                                                                                   : TOL_QUANT;
-        /* 512: the 40-row prefill takes sgemm attention; 8: dot kernels and per-row
-         * attention in sub-batches */
-        double d1 = model_check_file(path, 512, 2, &PLAN), d2 = model_check_file(path, 8, 1, &PLAN);
-        printf("  %s: max |logit diff| %.4g (sgemm) %.4g (per row)\n",
-               quant_traits_of(types[t])->name, d1, d2);
-        CHECK_MSG(d1 <= tol && d2 <= tol, "%s: %g %g > %g", quant_traits_of(types[t])->name, d1,
-                  d2, tol);
+    for (int a = 0; a < N_ARCHS; a++) {
+        for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+            modelgen_params p = glm4_params(ARCHS[a], types[t]);
+            const char *path = gen(&p, "ref");
+            CHECK(path);
+            bool f16_rounds = types[t] == QTYPE_F16 && quant_f16_rounds_activation(p.dim);
+            bool exact = types[t] == QTYPE_F32 || (types[t] == QTYPE_F16 && !f16_rounds);
+            double tol = exact ? TOL_FLOAT : TOL_QUANT;
+            /* 512: the 40-row prefill takes sgemm attention; 8: dot kernels and per-row
+             * attention in sub-batches */
+            double d1 = model_check_file(path, 512, 2, &PLAN);
+            double d2 = model_check_file(path, 8, 1, &PLAN);
+            printf("  %s %s: max |logit diff| %.4g (sgemm) %.4g (per row)\n", ARCHS[a],
+                   quant_traits_of(types[t])->name, d1, d2);
+            CHECK_MSG(d1 <= tol && d2 <= tol, "%s %s: %g %g > %g", ARCHS[a],
+                      quant_traits_of(types[t])->name, d1, d2, tol);
+        }
     }
 }
 
 /* K/V chunks kept in f16 or compressed to 8 and 4 bits, then decodes (attention on
  * decoded blocks) and a prefill over them, against the reference with exact K/V (test_model's
  * tolerances: the compression's own error). */
-static void test_compressed_chunks(void)
+static void compressed_of(const char *arch)
 {
     char err[ERR_MAX];
-    modelgen_params p = glm4_params(QTYPE_F32);
+    modelgen_params p = glm4_params(arch, QTYPE_F32);
     const char *path = gen(&p, "kv");
     CHECK(path);
     model *m = model_load(path, err);
@@ -241,7 +257,8 @@ static void test_compressed_chunks(void)
     CHECK(rm);
     double e16 = model_check_compressed(m, rm, KV_F16), e8 = model_check_compressed(m, rm, KV_INT8);
     double e4 = model_check_compressed(m, rm, KV_INT4);
-    printf("  max |logit diff| vs exact KV: f16 %.4f int8 %.4f int4 %.4f\n", e16, e8, e4);
+    printf("  %s: max |logit diff| vs exact KV: f16 %.4f int8 %.4f int4 %.4f\n", arch, e16, e8,
+           e4);
     CHECK(e16 <= TOL_FLOAT);
     CHECK(e8 <= TOL_KV_INT8);
     CHECK(e4 <= TOL_KV_INT4);
@@ -249,19 +266,30 @@ static void test_compressed_chunks(void)
     model_free(m);
 }
 
-/* Each of glm4's own parts moves the reference by more than 5 float tolerances when the
- * file is rewritten without it: the comparison above would catch an engine that ignored
- * it. */
+static void test_compressed_chunks(void)
+{
+    for (int a = 0; a < N_ARCHS; a++)
+        compressed_of(ARCHS[a]);
+}
+
+/* Each of glm4's and chatglm's own parts moves the reference by more than 5 float
+ * tolerances when the file is rewritten without it: the comparison above would catch an
+ * engine that ignored it. */
 static void test_parts_matter(void)
 {
     enum { N = 40 };
     const struct {
+        int arch; /* of ARCHS */
         const char *what;
         glm4_edit edit;
     } cases[] = {
-        {"post norms", {.drop = {"blk.*.post_attention_norm.weight", "blk.*.post_ffw_norm.weight"}}},
-        {"q/k/v biases", {.drop = {"blk.*.attn_q.bias", "blk.*.attn_k.bias", "blk.*.attn_v.bias"}}},
-        {"partial rotary", {.u32_key = "glm4.rope.dimension_count", .u32_value = 32}},
+        {0, "post norms",
+         {.drop = {"blk.*.post_attention_norm.weight", "blk.*.post_ffw_norm.weight"}}},
+        {0, "q/k/v biases",
+         {.drop = {"blk.*.attn_q.bias", "blk.*.attn_k.bias", "blk.*.attn_v.bias"}}},
+        {0, "partial rotary", {.u32_key = "glm4.rope.dimension_count", .u32_value = 32}},
+        {1, "q/k/v bias", {.drop = {"blk.*.attn_qkv.bias"}}},
+        {1, "partial rotary", {.u32_key = "chatglm.rope.dimension_count", .u32_value = 32}},
     };
     int32_t tok[N], pos[N];
     for (int i = 0; i < N; i++)
@@ -270,15 +298,15 @@ static void test_parts_matter(void)
     double *without = malloc(sizeof(double) * N * N_VOCAB);
     char err[ERR_MAX], dst[512];
     snprintf(dst, sizeof dst, "%s/glm4-mutated.gguf", test_tmpdir());
-    modelgen_params p = glm4_params(QTYPE_F32);
-    const char *src = gen(&p, "whole");
-    CHECK(src);
-    gguf_file *gp = gguf_open(src, err);
-    CHECK(gp);
-    ref_model *rp = ref_model_load(gp);
-    CHECK(rp);
-    ref_forward(rp, N, tok, pos, with, NULL, NULL);
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        modelgen_params p = glm4_params(ARCHS[cases[c].arch], QTYPE_F32);
+        const char *src = gen(&p, "whole");
+        CHECK(src);
+        gguf_file *gp = gguf_open(src, err);
+        CHECK(gp);
+        ref_model *rp = ref_model_load(gp);
+        CHECK(rp);
+        ref_forward(rp, N, tok, pos, with, NULL, NULL);
         CHECK(rewrite(src, dst, &cases[c].edit) == 0);
         gguf_file *gq = gguf_open(dst, err);
         CHECK(gq);
@@ -288,13 +316,12 @@ static void test_parts_matter(void)
         double d = 0;
         for (size_t i = 0; i < (size_t)N * N_VOCAB; i++)
             d = fmax(d, fabs(with[i] - without[i]));
-        printf("  without its %s: the reference moves by %.3g\n", cases[c].what, d);
-        CHECK_MSG(d > 5 * TOL_FLOAT, "%s: %g", cases[c].what, d);
-        ref_model_free(rq);
-        gguf_close(gq);
+        printf("  %s without its %s: the reference moves by %.3g\n", ARCHS[cases[c].arch],
+               cases[c].what, d);
+        CHECK_MSG(d > 5 * TOL_FLOAT, "%s %s: %g", ARCHS[cases[c].arch], cases[c].what, d);
+        ref_model_free(rq), ref_model_free(rp);
+        gguf_close(gq), gguf_close(gp);
     }
-    ref_model_free(rp);
-    gguf_close(gp);
     free(with), free(without);
 }
 
@@ -305,7 +332,7 @@ static void test_fused_qkv(void)
     enum { N = 24 };
     char err[ERR_MAX], dst[512];
     snprintf(dst, sizeof dst, "%s/glm4-fused.gguf", test_tmpdir());
-    modelgen_params p = glm4_params(QTYPE_F16);
+    modelgen_params p = glm4_params("glm4", QTYPE_F16);
     const char *src = gen(&p, "apart");
     CHECK(src);
     glm4_edit e = {.fuse_qkv = true};
@@ -338,7 +365,7 @@ static void test_fused_qkv(void)
 
 /* A prefill of 48 tokens gives the logits of 48 single-token decodes (sgemm attention over
  * f32 K/V against per-row attention over f16 blocks: rounding apart). */
-static void test_prefill_equals_decode(void)
+static void prefill_equals_decode(const char *arch)
 {
     enum { N = 48 };
     char err[ERR_MAX];
@@ -346,7 +373,7 @@ static void test_prefill_equals_decode(void)
     for (int i = 0; i < N; i++)
         tok[i] = tok_at(i * 3 + 1), pos[i] = i;
     float *a = malloc(sizeof(float) * N * N_VOCAB), *b = malloc(sizeof(float) * N * N_VOCAB);
-    modelgen_params p = glm4_params(QTYPE_F32);
+    modelgen_params p = glm4_params(arch, QTYPE_F32);
     model *m = model_load(gen(&p, "pd"), err);
     CHECK_MSG(m, "%s", err);
     model_runner *r = model_runner_new(m, 2, 0, 0, err);
@@ -355,7 +382,7 @@ static void test_prefill_equals_decode(void)
     CHECK(model_check_run(r, pool, N_VOCAB, N, tok, pos, false, a) == 0);
     CHECK(model_check_run(r, pool, N_VOCAB, N, tok, pos, true, b) == 0);
     double d = model_check_max_rel(a, b, (size_t)N * N_VOCAB);
-    printf("  prefill vs decode %.2g\n", d);
+    printf("  %s: prefill vs decode %.2g\n", arch, d);
     CHECK(d <= TOL_PART);
     kv_pool_free(pool);
     model_runner_free(r);
@@ -363,13 +390,19 @@ static void test_prefill_equals_decode(void)
     free(a), free(b);
 }
 
+static void test_prefill_equals_decode(void)
+{
+    for (int a = 0; a < N_ARCHS; a++)
+        prefill_equals_decode(ARCHS[a]);
+}
+
 /* Three sequences advanced in one step (two decode rows and a slice of 5: 7 stacked rows)
  * give each one's logits alone, bit for bit (f32 weights: per-row dot kernels, per-row
  * attention, as alone). */
-static void test_batched_equals_alone(void)
+static void batched_equals_alone(const char *arch)
 {
     char err[ERR_MAX];
-    modelgen_params p = glm4_params(QTYPE_F32);
+    modelgen_params p = glm4_params(arch, QTYPE_F32);
     model *m = model_load(gen(&p, "bat"), err);
     CHECK_MSG(m, "%s", err);
     model_runner *r = model_runner_new(m, 2, 64, 128, err);
@@ -402,7 +435,7 @@ static void test_batched_equals_alone(void)
     }
     kv_seq *ptrs[3] = {&seq[1][0], &seq[1][1], &seq[1][2]};
     CHECK_MSG(model_forward_batch(r, 3, ptrs, bs, err) == 0, "%s", err);
-    CHECK_MSG(memcmp(alone, stacked, sizeof(float) * 7 * N_VOCAB) == 0, "%g",
+    CHECK_MSG(memcmp(alone, stacked, sizeof(float) * 7 * N_VOCAB) == 0, "%s: %g", arch,
               model_check_max_rel(alone, stacked, (size_t)7 * N_VOCAB));
     for (int v = 0; v < 2; v++)
         for (int s = 0; s < 3; s++)
@@ -413,20 +446,26 @@ static void test_batched_equals_alone(void)
     model_free(m);
 }
 
+static void test_batched_equals_alone(void)
+{
+    for (int a = 0; a < N_ARCHS; a++)
+        batched_equals_alone(ARCHS[a]);
+}
+
 #define N_HIST MODEL_CHECK_HIST
 #define N_PROMPT MODEL_CHECK_PROMPT
 
 /* Score blocks of fewer rows (moderate partitioning) and row slices (severe: each slice's
  * K/V appended before the next; slices under 16 rows take the per-row path) give the
  * unpartitioned logits and hidden rows. */
-static void test_partitioned_prefill(void)
+static void partitioned_prefill(const char *arch)
 {
     char err[ERR_MAX];
     const struct {
         int rows, attn_rows;
     } cases[] = {{N_PROMPT, 4}, {N_PROMPT, 1}, {24, 4}, {33, 32}, {10, 10}};
     double worst = 0;
-    modelgen_params p = glm4_params(QTYPE_F32);
+    modelgen_params p = glm4_params(arch, QTYPE_F32);
     model *m = model_load(gen(&p, "part"), err);
     CHECK_MSG(m, "%s", err);
     model_runner_opts wo = {.n_threads = 2, .max_batch = N_PROMPT, .max_kv = N_HIST + N_PROMPT,
@@ -439,51 +478,65 @@ static void test_partitioned_prefill(void)
         model_runner *part = model_runner_new_opts(m, &po, err);
         CHECK(part);
         double d = model_check_partitioned(m, whole, part, KV_F16);
-        CHECK_MSG(d <= TOL_PART, "rows %d blocks %d: %g", cases[k].rows, cases[k].attn_rows, d);
+        CHECK_MSG(d <= TOL_PART, "%s rows %d blocks %d: %g", arch, cases[k].rows,
+                  cases[k].attn_rows, d);
         worst = fmax(worst, d);
         model_runner_free(part);
     }
     model_runner_free(whole);
     model_free(m);
-    printf("  partitioned vs whole: %.2g\n", worst);
+    printf("  %s: partitioned vs whole: %.2g\n", arch, worst);
 }
 
-/* A file without a part glm4 needs is refused, naming the tensor; so is one with a bias of
- * q alone (biases are all three or none), and GLM-4.1V's M-RoPE and GLM-OCR's NextN
- * layers, naming the key. */
+static void test_partitioned_prefill(void)
+{
+    for (int a = 0; a < N_ARCHS; a++)
+        partitioned_prefill(ARCHS[a]);
+}
+
+/* A file without a part glm4 or chatglm needs is refused, naming the tensor; so is a glm4
+ * one with a bias of q alone (biases are all three or none), and GLM-4.1V's M-RoPE and
+ * GLM-OCR's NextN layers, naming the key. A chatglm file without attn_qkv is read as one of
+ * separate q, k, v, as llama.cpp reads it: the first of those is named. */
 static void test_missing_parts_refused(void)
 {
     const struct {
+        int arch; /* of ARCHS */
         glm4_edit edit;
         const char *named, *says;
     } cases[] = {
-        {{.drop = {"blk.1.post_attention_norm.weight"}}, "blk.1.post_attention_norm.weight",
+        {0, {.drop = {"blk.1.post_attention_norm.weight"}}, "blk.1.post_attention_norm.weight",
          "missing"},
-        {{.drop = {"blk.3.post_ffw_norm.weight"}}, "blk.3.post_ffw_norm.weight", "missing"},
-        {{.drop = {"blk.0.attn_norm.weight"}}, "blk.0.attn_norm.weight", "missing"},
-        {{.drop = {"blk.2.ffn_norm.weight"}}, "blk.2.ffn_norm.weight", "missing"},
-        {{.drop = {"blk.2.ffn_up.weight"}}, "blk.2.ffn_up.weight", "missing"},
-        {{.drop = {"blk.0.attn_k.bias"}}, "blk.0.attn_k.bias", "missing"},
-        {{.drop = {"blk.1.attn_v.weight"}}, "blk.1.attn_v.weight", "missing"},
-        {{.drop_key = "glm4.attention.layer_norm_rms_epsilon"},
+        {0, {.drop = {"blk.3.post_ffw_norm.weight"}}, "blk.3.post_ffw_norm.weight", "missing"},
+        {0, {.drop = {"blk.0.attn_norm.weight"}}, "blk.0.attn_norm.weight", "missing"},
+        {0, {.drop = {"blk.2.ffn_norm.weight"}}, "blk.2.ffn_norm.weight", "missing"},
+        {0, {.drop = {"blk.2.ffn_up.weight"}}, "blk.2.ffn_up.weight", "missing"},
+        {0, {.drop = {"blk.0.attn_k.bias"}}, "blk.0.attn_k.bias", "missing"},
+        {0, {.drop = {"blk.1.attn_v.weight"}}, "blk.1.attn_v.weight", "missing"},
+        {0, {.drop_key = "glm4.attention.layer_norm_rms_epsilon"},
          "glm4.attention.layer_norm_rms_epsilon", "missing"},
-        {{.u32_key = "glm4.nextn_predict_layers", .u32_value = 1}, "glm4.nextn_predict_layers",
-         "not supported"},
-        {{.u32_key = "glm4.rope.dimension_sections", .u32_value = 8},
+        {0, {.u32_key = "glm4.nextn_predict_layers", .u32_value = 1},
+         "glm4.nextn_predict_layers", "not supported"},
+        {0, {.u32_key = "glm4.rope.dimension_sections", .u32_value = 8},
          "glm4.rope.dimension_sections", "not supported"},
-        {{.u32_key = "glm4.feed_forward_length", .u32_value = 512}, "blk.0.ffn_up.weight",
+        {0, {.u32_key = "glm4.feed_forward_length", .u32_value = 512}, "blk.0.ffn_up.weight",
          "2 * feed_forward_length"},
+        {1, {.drop = {"blk.2.attn_qkv.weight"}}, "blk.2.attn_q.weight", "missing"},
+        {1, {.drop = {"blk.3.ffn_down.weight"}}, "blk.3.ffn_down.weight", "missing"},
+        {1, {.drop = {"blk.0.ffn_norm.weight"}}, "blk.0.ffn_norm.weight", "missing"},
+        {1, {.drop_key = "chatglm.attention.layer_norm_rms_epsilon"},
+         "chatglm.attention.layer_norm_rms_epsilon", "missing"},
     };
     char err[ERR_MAX], dst[512];
     snprintf(dst, sizeof dst, "%s/glm4-broken.gguf", test_tmpdir());
-    modelgen_params p = glm4_params(QTYPE_F16);
-    const char *src = gen(&p, "whole");
-    CHECK(src);
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        modelgen_params p = glm4_params(ARCHS[cases[c].arch], QTYPE_F16);
+        const char *src = gen(&p, "whole");
+        CHECK(src);
         CHECK(rewrite(src, dst, &cases[c].edit) == 0);
         err[0] = '\0';
         CHECK(model_load(dst, err) == NULL);
-        printf("  refused: %s\n", err);
+        printf("  %s: refused: %s\n", ARCHS[cases[c].arch], err);
         CHECK_MSG(strstr(err, cases[c].named) && strstr(err, cases[c].says), "%s", err);
     }
 }
