@@ -1,7 +1,7 @@
 /*
  * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite / gemma / gemma2 / gemma3 /
- * olmo2 / smollm3 / exaone / stablelm / glm4 / chatglm / gpt-oss model (or a mixture of experts of llama,
- * qwen2, qwen3, olmoe or granite) from GGUF and its forward pass.
+ * olmo2 / smollm3 / exaone / stablelm / glm4 / chatglm / gpt-oss model (or a mixture of
+ * experts of llama, qwen2, qwen3, olmoe or granite) from GGUF and its forward pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
  * weights and biases) are converted into one f32 array. The forward pass works on up to
@@ -55,8 +55,8 @@ typedef struct model_layer {
     const float *ffn_post_norm;
     model_qkv_extras extras; /* q/k/v biases (qwen2), q/k norms (qwen3, olmoe, olmo2) */
     /* phi3 stores q, k and v as one attn_qkv matrix and gate, up as one ffn_up of 2 n_ff
-     * rows (gate first), glm4 the latter (and the former in some files): these are views
-     * of their rows, so the forward is the same */
+     * rows (gate first), glm4 and chatglm the latter, chatglm the former too (and glm4 in
+     * some files): these are views of their rows, so the forward is the same */
     ops_matrix wq;          /* (n_head * head_dim, dim) */
     ops_matrix wk;          /* (n_head_kv * head_dim, dim) */
     ops_matrix wv;          /* (n_head_kv * head_dim, dim) */

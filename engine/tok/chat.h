@@ -121,7 +121,7 @@ enum chat_family {
     CHAT_GPT_OSS,
     /* "[gMASK]<sop><|role|>\ncontent" (GLM-4-9B-chat, GLM-4-0414), the generation prompt
      * "<|assistant|>\n", as llama.cpp's chatglm4 format; a reply ends at the next turn's
-     * "<|user|>" (or "<|observation|>", or "<|endoftext|>") */
+     * "<|user|>" (the file's end-of-turn token) or at "<|endoftext|>" (its EOS) */
     CHAT_CHATGLM4,
     /* GLM-Z1's template (the GLM-4-0414 reasoning models): chatglm4's turns, every system
      * message first, every other message's text after its last "</think>", stripped; the
