@@ -3,8 +3,8 @@
  *
  *   mkmodel -o OUT.gguf
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
- *                  |olmo2|granitemoe|smollm3|exaone|stablelm|mistral3|exaone4|gpt-oss|bert
- *                  |nomic-bert
+ *                  |olmo2|granitemoe|smollm3|exaone|stablelm|mistral3|exaone4|glm4|chatglm
+ *                  |gpt-oss|bert|nomic-bert
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]
  *            [--expert-type mxfp4|type]]
@@ -16,7 +16,7 @@
  *                                        or mean, rank, bert only, adds the cross-encoder
  *                                        head; a decoder gets one only when given)
  *           [--rope-dims N]   (decoders: partial rotary, rope.dimension_count N; stablelm's
- *                             default is a quarter of the head)
+ *                             default is a quarter of the head, glm4's and chatglm's half)
  *           [--rope-orig-ctx N]   (phi3: LongRoPE factors for an original context N < C;
  *                                  mistral3: YaRN's original context)
  *           [--sliding-window W]   (attention.sliding_window: phi3's, default none;
@@ -96,7 +96,8 @@ static void usage(FILE *out)
             "usage: mkmodel -o OUT.gguf\n"
             "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
             "                      gemma|gemma2|gemma3|olmo2|granitemoe|smollm3|exaone|\n"
-            "                      stablelm|mistral3|exaone4|gpt-oss|bert|nomic-bert\n"
+            "                      stablelm|mistral3|exaone4|glm4|chatglm|gpt-oss|bert|\n"
+            "                      nomic-bert\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]\n"
             "                [--expert-type mxfp4|type]]\n"
@@ -115,7 +116,8 @@ static void usage(FILE *out)
             "               cross-encoder head; decoders: written only when given, as an\n"
             "               embedding model's)\n"
             "               [--rope-dims N]  (decoders: rotate N of each head's dimensions;\n"
-            "               stablelm's default is a quarter of them)\n"
+            "               stablelm's default is a quarter of them, glm4's and\n"
+            "               chatglm's half)\n"
             "               [--rope-orig-ctx N]  (phi3: LongRoPE's long and short factors,\n"
             "               original context N; the long ones apply above it; mistral3:\n"
             "               YaRN's original context, default C / 16)\n"

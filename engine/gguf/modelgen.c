@@ -281,7 +281,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
                                         "granite",  "qwen2moe", "qwen3moe", "olmoe",
                                         "gemma",    "gemma2",   "gemma3",   "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss", "mistral3", "exaone4"};
+                                        "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -483,14 +483,19 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe;
     bool olmoe = strcmp(p->arch, "olmoe") == 0, olmo2 = strcmp(p->arch, "olmo2") == 0;
     bool stablelm = strcmp(p->arch, "stablelm") == 0;
+    bool glm4 = strcmp(p->arch, "glm4") == 0, chatglm = strcmp(p->arch, "chatglm") == 0;
+    bool glm = glm4 || chatglm; /* GLM-4's layers, ChatGLM's without the post norms */
     bool granitemoe = strcmp(p->arch, "granitemoe") == 0;
     bool phi3 = strcmp(p->arch, "phi3") == 0;
     bool granite = strcmp(p->arch, "granite") == 0 || granitemoe;
     bool gemma2 = strcmp(p->arch, "gemma2") == 0, gemma3 = strcmp(p->arch, "gemma3") == 0;
     bool gemma = gemma2 || gemma3 || strcmp(p->arch, "gemma") == 0;
     bool gptoss = strcmp(p->arch, "gpt-oss") == 0;
-    /* StableLM's partial_rotary_factor 0.25 */
-    int rope_dims = p->rope_dims ? p->rope_dims : stablelm ? (hd / 4 + 1) / 2 * 2 : hd;
+    /* StableLM's partial_rotary_factor 0.25, GLM-4's and ChatGLM's 0.5 */
+    int rope_dims = p->rope_dims ? p->rope_dims
+                    : stablelm   ? (hd / 4 + 1) / 2 * 2
+                    : glm        ? (hd / 2 + 1) / 2 * 2
+                                 : hd;
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
     int ff_shexp = p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
     /* Granite MoE Shared's shared expert only when asked for */
@@ -670,14 +675,16 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (stablelm)
             ADD(N("attn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
-        if (phi3) {
+        if (phi3 || chatglm) {
             ADD(N("attn_qkv.weight"), 2, p->dim, q_dim + 2 * kv_dim, s_dim, 0.0f);
+            if (chatglm) /* ChatGLM's query_key_value has a bias */
+                ADD(N("attn_qkv.bias"), 1, q_dim + 2 * kv_dim, 1, 0.1f, 0.0f);
         } else {
             ADD(N("attn_q.weight"), 2, p->dim, q_dim, s_dim, 0.0f);
             ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
             ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
         }
-        if (qwen2 || gptoss || stablelm) { /* StableLM 2 1.6B's q/k/v biases */
+        if (qwen2 || gptoss || stablelm || glm4) { /* StableLM 2 1.6B's, GLM-4-0414's */
             ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
@@ -699,15 +706,17 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             /* the feed-forward's norm, named after HF's post_attention_layernorm */
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         }
-        if (gemma2 || gemma3 || post_norms_only)
+        if (gemma2 || gemma3 || post_norms_only || glm4)
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (!post_norms_only && !gptoss)
             ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (stablelm)
             ADD(N("ffn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
-        if (phi3) { /* the gate's rows, then the up's, as Phi3MLP chunks them */
+        if (phi3 || glm) { /* the gate's rows, then the up's, as Phi3MLP and Glm4MLP chunk them */
             ADD(N("ffn_up.weight"), 2, p->dim, 2 * p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
+            if (glm4)
+                ADD(N("post_ffw_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
             continue;
         }
         if (!p->n_expert) {

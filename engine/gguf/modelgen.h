@@ -53,7 +53,11 @@ typedef struct modelgen_params {
      * tensor's or key's: llama.cpp and llmsd know them by the architecture), "exaone"
      * (llama's tensors, computed with NEOX RoPE: its converter does not permute q and k),
      * "stablelm" (StableLM 2 1.6B's layout: LayerNorms with biases, q/k/v biases, a
-     * quarter of each head rotated unless rope_dims says otherwise), "gpt-oss" (below),
+     * quarter of each head rotated unless rope_dims says otherwise), "glm4" (GLM-4-0414's
+     * layout: q/k/v biases, post_attention_norm and post_ffw_norm besides attn_norm and
+     * ffn_norm, gate and up in one ffn_up of 2 n_ff rows as phi3's, half of each head
+     * rotated unless rope_dims says otherwise), "chatglm" (GLM-4-9B-chat's layout: glm4's
+     * without the post norms, q, k, v in one attn_qkv with its bias), "gpt-oss" (below),
      * "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The
      * Gemma family as llama.cpp's converter writes it: norm weights near 1 (the
      * converter's +1 already added), no output.weight (llama.cpp reads the token

@@ -218,11 +218,14 @@ static int lora_check_tensors(lora *l, char err[ERR_MAX])
                     t->name.ptr);
             goto out;
         }
-        /* phi3's attn_qkv and ffn_up hold q, k, v and gate, up in one matrix each, which
-         * the forward reads as views: a delta of the whole would need splitting too */
-        bool phi3 = model_hparams_of(l->base)->arch == MODEL_ARCH_PHI3;
+        /* phi3's attn_qkv and ffn_up hold q, k, v and gate, up in one matrix each (glm4's
+         * ffn_up too), which the forward reads as views: a delta of the whole would need
+         * splitting too */
+        enum model_arch arch = model_hparams_of(l->base)->arch;
+        bool fused_up = arch == MODEL_ARCH_PHI3 || arch == MODEL_ARCH_GLM4 ||
+                        arch == MODEL_ARCH_CHATGLM;
         if (lora_has(t->name, ".attn_qkv.weight.") ||
-            (phi3 && lora_has(t->name, ".ffn_up.weight."))) {
+            (fused_up && lora_has(t->name, ".ffn_up.weight."))) {
             err_set(err, "%.*s: an adapter of a fused matrix (q, k, v or gate, up in one) is "
                          "not supported", (int)(t->name.len - 7 > 96 ? 96 : t->name.len - 7),
                     t->name.ptr);

@@ -1,7 +1,7 @@
 /*
  * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite / gemma / gemma2 / gemma3 /
- * olmo2 / smollm3 / exaone / stablelm / gpt-oss model (or a mixture of experts of llama,
- * qwen2, qwen3, olmoe or granite) from GGUF and its forward pass.
+ * olmo2 / smollm3 / exaone / stablelm / glm4 / chatglm / gpt-oss model (or a mixture of
+ * experts of llama, qwen2, qwen3, olmoe or granite) from GGUF and its forward pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
  * weights and biases) are converted into one f32 array. The forward pass works on up to
@@ -55,7 +55,8 @@ typedef struct model_layer {
     const float *ffn_post_norm;
     model_qkv_extras extras; /* q/k/v biases (qwen2), q/k norms (qwen3, olmoe, olmo2) */
     /* phi3 stores q, k and v as one attn_qkv matrix and gate, up as one ffn_up of 2 n_ff
-     * rows (gate first): these are views of their rows, so the forward is the same */
+     * rows (gate first), glm4 and chatglm the latter, chatglm the former too (and glm4 in
+     * some files): these are views of their rows, so the forward is the same */
     ops_matrix wq;          /* (n_head * head_dim, dim) */
     ops_matrix wk;          /* (n_head_kv * head_dim, dim) */
     ops_matrix wv;          /* (n_head_kv * head_dim, dim) */
@@ -127,6 +128,8 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_STABLELM] = "stablelm",
     [MODEL_ARCH_MISTRAL3] = "mistral3",
     [MODEL_ARCH_EXAONE4] = "exaone4",
+    [MODEL_ARCH_GLM4] = "glm4",
+    [MODEL_ARCH_CHATGLM] = "chatglm",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -561,6 +564,35 @@ static int model_read_exaone4(const gguf_file *g, const char *arch, model_hparam
     return 0;
 }
 
+/*
+ * GLM-4 (glm4: GLM-4-9B/32B-0414, GLM-Z1), as llama.cpp reads it and HF's Glm4DecoderLayer
+ * computes it: RMSNorms before each sublayer and of each sublayer's output before its
+ * residual add (post_attention_norm, post_ffw_norm), RoPE over rope.dimension_count of
+ * each head (partial_rotary_factor 0.5) in interleaved pairs (Glm4's rotate_half pairs
+ * neighbours, and its converter writes q and k as they are). The epsilon is required, as
+ * llama.cpp requires it. Files of GLM-4.1V's language model (M-RoPE sections) and of
+ * GLM-OCR (NextN layers after the others) are refused: rotating by sections and skipping
+ * those layers are not computed here. ChatGLM (chatglm: GLM-4-9B-chat of 2024, ChatGLM3),
+ * as llama.cpp reads it and THUDM's modeling_chatglm computes it, is the same without the
+ * norms of the sublayers' outputs.
+ */
+static int model_read_glm4(const gguf_file *g, const char *arch, model_hparams *hp,
+                           char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_GLM4 && hp->arch != MODEL_ARCH_CHATGLM)
+        return 0;
+    hp->post_norms = hp->arch == MODEL_ARCH_GLM4;
+    static const char *const refused[] = {"rope.dimension_sections", "nextn_predict_layers"};
+    char key[128];
+    for (size_t i = 0; i < sizeof refused / sizeof *refused; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, refused[i]);
+        if (gguf_find_key(g, key) >= 0)
+            return err_set(err, "metadata key '%s': GLM-4.1V's M-RoPE and GLM-OCR's NextN "
+                                "layers are not supported", key);
+    }
+    return model_require(g, arch, "attention.layer_norm_rms_epsilon", err);
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -577,7 +609,9 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     /* llama.cpp's converter permutes their q and k rows (LlamaModel's): HF's halves become
      * interleaved pairs */
     bool interleaved = hp->arch == MODEL_ARCH_LLAMA || granite || hp->arch == MODEL_ARCH_SMOLLM3 ||
-                       hp->arch == MODEL_ARCH_MISTRAL3;
+                       hp->arch == MODEL_ARCH_MISTRAL3 ||
+                       hp->arch == MODEL_ARCH_GLM4 || /* GLM's own rotary pairs neighbours */
+                       hp->arch == MODEL_ARCH_CHATGLM;
     hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
     /* their experts' sizes have keys of their own: feed_forward_length is only a default */
     bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE ||
@@ -651,7 +685,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     hp->pre_norms = true;
     if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_gptoss(m->g, arch, hp, err) < 0 ||
         model_read_olmo2(m->g, arch, hp, err) < 0 || model_read_stablelm(m->g, arch, hp, err) < 0 ||
-        model_read_mistral3(m->g, arch, hp, err) < 0 || model_read_exaone4(m->g, arch, hp, err) < 0)
+        model_read_mistral3(m->g, arch, hp, err) < 0 || model_read_exaone4(m->g, arch, hp, err) < 0 ||
+        model_read_glm4(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -888,6 +923,60 @@ static int model_read_longrope(model *m, char err[ERR_MAX])
     return 0;
 }
 
+/* GLM-4's (and ChatGLM's) q, k, v and feed-forward matrices of layer l, as llama.cpp
+ * reads them: q, k, v separate, with biases where the file has them (all three or none:
+ * GLM-4-0414's attention_bias), or one attn_qkv with an optional bias of q, k and v back
+ * to back (ChatGLM's query_key_value, which llama.cpp reads for glm4 as well); gate and up
+ * in one ffn_up of 2 n_ff rows, the gate's first (Glm4MLP's gate_up_proj, chunked in two),
+ * read as views as phi3's. */
+static int model_load_glm4(model *m, model_layer *L, int l, char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    ops_matrix gate_up;
+    if (model_fused(m, NAME("ffn_up.weight"), 2 * (int64_t)hp->n_ff,
+                    "2 * feed_forward_length (gate, up)", &gate_up, err) < 0 ||
+        model_matrix(m, NAME("ffn_down.weight"), hp->dim, hp->n_ff, &L->w_down, err) < 0)
+        return -1;
+    L->w_gate = model_rows(&gate_up, 0, hp->n_ff);
+    L->w_up = model_rows(&gate_up, hp->n_ff, hp->n_ff);
+    if (gguf_find_tensor(m->g, NAME("attn_qkv.weight"))) {
+        ops_matrix qkv;
+        const float *b;
+        if (model_fused(m, name, q_dim + 2 * kv_dim,
+                        "n_head * head_dim + 2 * n_head_kv * head_dim (q, k, v)", &qkv, err) < 0)
+            return -1;
+        L->wq = model_rows(&qkv, 0, q_dim);
+        L->wk = model_rows(&qkv, q_dim, kv_dim);
+        L->wv = model_rows(&qkv, q_dim + kv_dim, kv_dim);
+        if (!gguf_find_tensor(m->g, NAME("attn_qkv.bias")))
+            return 0;
+        if (model_vector(m, name, q_dim + 2 * kv_dim, &b, err) < 0)
+            return -1;
+        L->extras.bq = b;
+        L->extras.bk = b + q_dim;
+        L->extras.bv = b + q_dim + kv_dim;
+        return 0;
+    }
+    if (model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq, err) < 0 ||
+        model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim, &L->wk, err) < 0 ||
+        model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim, &L->wv, err) < 0)
+        return -1;
+    bool biases = gguf_find_tensor(m->g, NAME("attn_q.bias")) ||
+                  gguf_find_tensor(m->g, NAME("attn_k.bias")) ||
+                  gguf_find_tensor(m->g, NAME("attn_v.bias"));
+    if (biases &&
+        (model_vector(m, NAME("attn_q.bias"), q_dim, &L->extras.bq, err) < 0 ||
+         model_vector(m, NAME("attn_k.bias"), kv_dim, &L->extras.bk, err) < 0 ||
+         model_vector(m, NAME("attn_v.bias"), kv_dim, &L->extras.bv, err) < 0))
+        return -1;
+#undef NAME
+    return 0;
+}
+
 static int model_load_tensors(model *m, char err[ERR_MAX])
 {
     const model_hparams *hp = &m->hp;
@@ -955,7 +1044,10 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         if (hp->arch == MODEL_ARCH_STABLELM && gguf_find_tensor(m->g, NAME("attn_q_norm.weight")))
             return err_set(err, "tensor '%s': StableLM 2 12B's per-head q/k LayerNorms are not "
                                 "supported", name);
-        if (fused) {
+        if (hp->arch == MODEL_ARCH_GLM4 || hp->arch == MODEL_ARCH_CHATGLM) {
+            if (model_load_glm4(m, L, l, err) < 0)
+                return -1;
+        } else if (fused) {
             ops_matrix qkv, gate_up;
             if (model_fused(m, NAME("attn_qkv.weight"), q_dim + 2 * kv_dim,
                             "n_head * head_dim + 2 * n_head_kv * head_dim (q, k, v)", &qkv,

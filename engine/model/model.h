@@ -22,11 +22,15 @@
  * "smollm3" (SmolLM3: llama with no RoPE on every fourth layer, model_layer_rotates);
  * "exaone" (EXAONE 3.0/3.5: llama's tensors, NEOX RoPE); "stablelm" (StableLM, StableLM 2
  * 1.6B/3B: LayerNorms with biases, partial NEOX rotary, q/k/v biases where the file has
- * them); OpenAI's "gpt-oss" (gpt-oss-20b/120b in llama.cpp's layout): q/k/v/o with biases,
- * NEOX RoPE with YaRN, attention sinks (one learned logit per head in every softmax's
- * denominator), a sliding window on the even layers, and experts with biases (router
- * included) and OpenAI's clamped SwiGLU, routed by softmax over the top k of the router's
- * logits. Weights are used in place from the file mapping.
+ * them); "glm4" (GLM-4-0414, GLM-Z1: gemma2's norms around each sublayer, q/k/v biases
+ * where the file has them, gate and up in one ffn_up as phi3's, interleaved RoPE over half
+ * of each head), "chatglm" (GLM-4-9B-chat of 2024, ChatGLM3: glm4 without the norms of
+ * the sublayers' outputs, q/k/v in one attn_qkv with its bias); OpenAI's "gpt-oss"
+ * (gpt-oss-20b/120b in llama.cpp's layout): q/k/v/o with biases, NEOX RoPE with YaRN,
+ * attention sinks (one learned logit per head in every softmax's denominator), a sliding
+ * window on the even layers, and experts with biases (router included) and OpenAI's
+ * clamped SwiGLU, routed by softmax over the top k of the router's logits. Weights are
+ * used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -65,6 +69,8 @@ enum model_arch {
     MODEL_ARCH_STABLELM,
     MODEL_ARCH_MISTRAL3,
     MODEL_ARCH_EXAONE4,
+    MODEL_ARCH_GLM4,
+    MODEL_ARCH_CHATGLM,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -161,7 +167,7 @@ typedef struct model_hparams {
     enum model_norm norm; /* of attn_norm, ffn_norm and output_norm; norm_eps is
                              attention.layer_norm_epsilon for MODEL_NORM_LAYER */
     bool post_norms;     /* post_attention_norm / post_ffw_norm of each sublayer's output
-                            (gemma2, gemma3, olmo2, exaone4) */
+                            (gemma2, gemma3, olmo2, exaone4, glm4; not chatglm) */
     bool pre_norms;      /* attn_norm / ffn_norm of each sublayer's input: all but olmo2
                             and exaone4, whose sublayers read the residual stream as it is */
 } model_hparams;

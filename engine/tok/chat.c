@@ -42,6 +42,8 @@ static const char *const family_names[] = {
     [CHAT_EXAONE3] = "exaone3",
     [CHAT_SMOLLM3] = "smollm3",
     [CHAT_GPT_OSS] = "gpt-oss",
+    [CHAT_CHATGLM4] = "chatglm4",
+    [CHAT_GLM_Z1] = "glm-z1",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
@@ -174,6 +176,11 @@ enum chat_family chat_detect(const char *t)
     /* the rest in llama.cpp's order, which matters where a template has two markers */
     if (strstr(t, "<|assistant|>") && strstr(t, "<|end|>"))
         return CHAT_PHI3;
+    /* GLM-Z1's generation prompt, with a real line break or a Jinja '\n' */
+    if (strstr(t, "[gMASK]<sop>"))
+        return strstr(t, "<|assistant|>\n<think>") || strstr(t, "<|assistant|>\\n<think>")
+                   ? CHAT_GLM_Z1
+                   : CHAT_CHATGLM4;
     const char *user = strstr(t, "<|user|>");
     enum chat_family f = user ? detect_user_tag(t, user) : CHAT_PLAIN;
     if (f != CHAT_PLAIN)
@@ -235,6 +242,9 @@ const char *chat_stop_text(enum chat_family f)
         return "<end_of_turn>";
     case CHAT_GPT_OSS:
         return "<|return|>";
+    case CHAT_CHATGLM4:
+    case CHAT_GLM_Z1:
+        return "<|user|>";
     case CHAT_PLAIN:
         return "\nUser:";
     default:
@@ -250,6 +260,7 @@ enum chat_think chat_thinking(enum chat_family f)
     case CHAT_SMOLLM3:
         return CHAT_THINK_REPLY;
     case CHAT_QWEN3_THINKING:
+    case CHAT_GLM_Z1:
         return CHAT_THINK_OPENED;
     case CHAT_GPT_OSS:
         return CHAT_THINK_HARMONY;
@@ -547,6 +558,35 @@ static void apply_exaone3(textwriter *w, const struct chat_message *msgs, int n,
         textwriter_put(w, "[|assistant|]");
 }
 
+/* GLM-4's turns: llama.cpp's chatglm4 format, or GLM-Z1's template (glm-z1: the
+ * system messages first, then the others' text after their last "</think>", stripped,
+ * and a generation prompt that opens the think block). */
+static void apply_glm4(textwriter *w, enum chat_family f, const struct chat_message *msgs, int n,
+                       bool gen)
+{
+    bool z1 = f == CHAT_GLM_Z1;
+    textwriter_put(w, "[gMASK]<sop>");
+    for (int pass = z1 ? 0 : 1; pass < 2; pass++)
+        for (int i = 0; i < n; i++) {
+            bool sys = role_of(&msgs[i]) == ROLE_SYSTEM;
+            if (z1 && sys != (pass == 0))
+                continue;
+            const char *reasoning, *text = msgs[i].content;
+            size_t n_reasoning;
+            textwriter_put(w, "<|");
+            textwriter_put(w, msgs[i].role);
+            textwriter_put(w, "|>\n");
+            if (z1 && !sys) {
+                chat_think_parts(msgs[i].content, &reasoning, &n_reasoning, &text);
+                textwriter_put_trimmed(w, text);
+            } else {
+                textwriter_put(w, text);
+            }
+        }
+    if (gen)
+        textwriter_put(w, z1 ? "<|assistant|>\n<think>" : "<|assistant|>\n");
+}
+
 /* SmolLM3's custom instructions for its "/think" mode when the system message gives none
  * (its template's text). */
 static const char smollm3_think_default[] =
@@ -702,6 +742,10 @@ int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
     case CHAT_SMOLLM3:
         if (apply_smollm3(&w, msgs, n, add_generation_prompt, enable_thinking) < 0)
             return -1;
+        break;
+    case CHAT_CHATGLM4:
+    case CHAT_GLM_Z1:
+        apply_glm4(&w, f, msgs, n, add_generation_prompt);
         break;
     default: /* the families turn_formats writes */
         apply_turns(&w, &turn_formats[f], msgs, n, add_generation_prompt, f == CHAT_DEEPSEEK3);

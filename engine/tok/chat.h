@@ -119,10 +119,18 @@ enum chat_family {
      * final: the answer; commentary: tool calls), written as chatharmony.h says; the
      * generation prompt is "<|start|>assistant", the model writing the channel itself */
     CHAT_GPT_OSS,
+    /* "[gMASK]<sop><|role|>\ncontent" (GLM-4-9B-chat, GLM-4-0414), the generation prompt
+     * "<|assistant|>\n", as llama.cpp's chatglm4 format; a reply ends at the next turn's
+     * "<|user|>" (the file's end-of-turn token) or at "<|endoftext|>" (its EOS) */
+    CHAT_CHATGLM4,
+    /* GLM-Z1's template (the GLM-4-0414 reasoning models): chatglm4's turns, every system
+     * message first, every other message's text after its last "</think>", stripped; the
+     * generation prompt opens the block, "<|assistant|>\n<think>" */
+    CHAT_GLM_Z1,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_GPT_OSS + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_GLM_Z1 + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
@@ -139,7 +147,9 @@ enum chat_family {
  * qwen3, or qwen3-thinking where the generation prompt opens the block
  * ('<|im_start|>assistant\n<think>'), but SmolLM3's ("<|im_start|>" with its "Reasoning
  * Mode" line) smollm3; "<start_of_turn>" is gemma; "[|system|]", "[|assistant|]" and
- * "[|endofturn|]" exaone3; "<|start|>" with "<|channel|>" and "<|message|>" is gpt-oss.
+ * "[|endofturn|]" exaone3; "<|start|>" with "<|channel|>" and "<|message|>" is gpt-oss;
+ * "[gMASK]<sop>" is chatglm4, or glm-z1 where the generation prompt opens a think block
+ * ("<|assistant|>\n<think>").
  * NULL or anything else gives CHAT_PLAIN.
  */
 enum chat_family chat_detect(const char *template_text);
@@ -161,7 +171,7 @@ const char *chat_family_name(enum chat_family f);
     "plain|chatml|hermes|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|"         \
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
     "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma|" \
-    "exaone3|smollm3|gpt-oss"
+    "exaone3|smollm3|gpt-oss|chatglm4|glm-z1"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */
@@ -195,7 +205,7 @@ enum chat_think {
     CHAT_THINK_NONE,   /* its templates have no think markers: a reply is all answer */
     CHAT_THINK_REPLY,  /* a reply opens its block itself (qwen3, deepseek3, smollm3) */
     CHAT_THINK_OPENED, /* the generation prompt opened it: a reply begins inside it
-                          (qwen3-thinking) */
+                          (qwen3-thinking, glm-z1) */
     CHAT_THINK_HARMONY, /* no think markers: a reply's analysis channel is its reasoning,
                            its final channel the answer (gpt-oss) */
 };

@@ -84,6 +84,9 @@ static const pre_tokenizer pre_tokenizers[] = {
      true,
      true},
     {{"dbrx", "smaug-bpe"}, {RE_LLAMA3}, false, false},
+    /* GLM-4 (chatglm-bpe: GLM-4-9B-chat; glm4: GLM-4-0414, GLM-Z1): no BOS, its prompt opens
+     * with the template's "[gMASK]<sop>" */
+    {{"glm4", "chatglm-bpe"}, {RE_LLAMA3}, false, false},
     {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"}, {RE_QWEN2}, false, false},
     {{"deepseek-llm"},
      {"[\r\n]", RE_S "?[" RE_DEEPSEEK_LETTERS "]+",

@@ -645,6 +645,11 @@ static const struct {
     {CHAT_PLAIN,
      "System: You are a helpful assistant\nUser: Hello\nAssistant: Hi there\nUser: Who are "
      "you\nAssistant:    I am an assistant   \nUser: Another question\nAssistant:"},
+    /* llama.cpp's test-chat-template.cpp, THUDM/glm-4-9b-chat */
+    {CHAT_CHATGLM4,
+     "[gMASK]<sop><|system|>\nYou are a helpful assistant<|user|>\nHello<|assistant|>\nHi "
+     "there<|user|>\nWho are you<|assistant|>\n   I am an assistant   <|user|>\nAnother "
+     "question<|assistant|>\n"},
     /* llama.cpp's LLM_CHAT_TEMPLATE_EXAONE_3: every content trimmed */
     {CHAT_EXAONE3,
      "[|system|]You are a helpful assistant[|endofturn|]\n[|user|]Hello\n"
@@ -905,6 +910,50 @@ static void stop_texts_per_family(void)
     }
 }
 
+/* GLM-4's templates: glm-4-9b-chat's (llama.cpp's chatglm4, its "<|user|>" not taken for
+ * zephyr's or falcon3's) and GLM-Z1's (zai-org/GLM-Z1-9B-0414's chat_template.jinja, tools
+ * left out): the system messages first, every other message's text after its last
+ * "</think>", stripped, and "<think>" opened by the generation prompt; "<|user|>" ends a
+ * reply. */
+static void glm4_templates(void)
+{
+    static const char chatglm4[] =
+        "[gMASK]<sop>{% for item in messages %}{% if item['content'] %}<|{{ item['role'] }}|>"
+        "{{ item['metadata'] }}\n{{ item['content'] }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}";
+    static const char z1[] =
+        "[gMASK]<sop>\n{%- for msg in messages %}{%- if msg.role == 'system' %}\n<|system|>\n"
+        "{{ msg.content }}\n{%- endif %}{%- endfor %}\n"
+        "{%- for message in messages if message.role != 'system' %}\n"
+        "{%- set visible = message['content'].split('</think>')[-1].strip() %}\n"
+        "{%- if message['role'] == 'user' %}\n<|user|>\n{{ visible }}\n"
+        "{%- elif message['role'] == 'assistant' %}\n<|assistant|>\n{{ visible }}\n"
+        "{%- endif %}\n{%- endfor %}\n{% if add_generation_prompt %}<|assistant|>\n<think>"
+        "{% endif %}";
+    CHECK_EQ(chat_detect(chatglm4), CHAT_CHATGLM4);
+    CHECK_EQ(chat_detect(z1), CHAT_GLM_Z1);
+    /* the opening as a Jinja string writes it */
+    CHECK_EQ(chat_detect("[gMASK]<sop>{{ '<|assistant|>\\n<think>' }}"), CHAT_GLM_Z1);
+    static const struct chat_message conv[] = {
+        {"user", "Hello"},
+        {"assistant", "<think>\nGreet back.\n</think>\n\nHi there  "},
+        {"system", "Be brief."},
+        {"user", "  Who are you\n"},
+    };
+    char out[1024];
+    CHECK(chat_apply(CHAT_GLM_Z1, conv, 4, true, out, sizeof out) > 0);
+    CHECK_MSG(!strcmp(out, "[gMASK]<sop><|system|>\nBe brief.<|user|>\nHello<|assistant|>\nHi "
+                           "there<|user|>\nWho are you<|assistant|>\n<think>"), "%s", out);
+    CHECK(chat_apply(CHAT_CHATGLM4, conv, 4, false, out, sizeof out) > 0);
+    CHECK_MSG(!strcmp(out, "[gMASK]<sop><|user|>\nHello<|assistant|>\n<think>\nGreet back.\n"
+                           "</think>\n\nHi there  <|system|>\nBe brief.<|user|>\n  Who are you\n"),
+              "%s", out);
+    CHECK_EQ(chat_thinking(CHAT_CHATGLM4), CHAT_THINK_NONE);
+    CHECK_EQ(chat_thinking(CHAT_GLM_Z1), CHAT_THINK_OPENED);
+    CHECK(!strcmp(chat_stop_text(CHAT_CHATGLM4), "<|user|>"));
+    CHECK(!strcmp(chat_stop_text(CHAT_GLM_Z1), "<|user|>"));
+}
+
 /* Gemma has no system turn: the system message (trimmed) opens the next user turn, waits
  * past a model turn, a later one replaces an unused one, an empty one writes nothing; as
  * llama.cpp's format. */
@@ -1055,5 +1104,6 @@ int main(void)
     RUN(smollm3_template);
     RUN(gemma_system_messages);
     RUN(gemma_prompt_tokenizes);
+    RUN(glm4_templates);
     return test_finish();
 }

@@ -1,9 +1,8 @@
 /*
  * llmsd serves a file of each of the smaller architectures (olmo2, granitemoe with a
  * shared expert, smollm3, exaone, stablelm, mistral3, exaone4 with the 32B's hybrid
- * attention): a random-weight model of each
- * (modelgen, 4 layers, F32)
- * on the test data's llama SPM vocabulary; the daemon reports the architecture and
+ * attention, glm4, chatglm): a random-weight model of each (modelgen, 4 layers, F32) on
+ * the test data's llama SPM vocabulary; the daemon reports the architecture and
  * llama.cpp's /completion on token ids answers with the ids, log-probabilities and
  * runners-up of the engine's own greedy decode in this process (a prompt of 24, 12 tokens
  * decoded: smollm3's NoPE layer, granitemoe's experts and mistral3's attention temperature
@@ -161,6 +160,20 @@ static void serves_exaone4(void)
     serves(p);
 }
 
+static void serves_glm4(void)
+{
+    modelgen_params p = small("glm4");
+    p.n_head_kv = 2;
+    serves(p);
+}
+
+static void serves_chatglm(void)
+{
+    modelgen_params p = small("chatglm");
+    p.n_head_kv = 2;
+    serves(p);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -176,5 +189,7 @@ int main(int argc, char **argv)
     RUN(serves_stablelm);
     RUN(serves_mistral3);
     RUN(serves_exaone4);
+    RUN(serves_glm4);
+    RUN(serves_chatglm);
     return test_finish();
 }

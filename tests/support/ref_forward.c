@@ -48,6 +48,18 @@
  * has a sliding window, masks the layers layer_types calls "sliding_attention" (the
  * GGUF's sliding_window_pattern booleans) to it and rotates only those: the others attend
  * to everything without RoPE.
+ * GLM-4 follows modeling_glm4 (Glm4DecoderLayer, Glm4Attention, Glm4MLP): RMSNorms around
+ * both sublayers,
+ *     h = x + post_self_attn_layernorm(attn(input_layernorm(x)))
+ *     x = h + post_mlp_layernorm(mlp(post_attention_layernorm(h)))
+ * (the GGUF's attn_norm, post_attention_norm, ffn_norm and post_ffw_norm), q/k/v with
+ * biases where attention_bias, gate_up_proj chunked into gate then up (split as phi3's),
+ * and its own rotate_half, which pairs neighbours (x[2i], x[2i+1]), with cos and sin
+ * repeated to match, over the first partial_rotary_factor of each head. ChatGLM
+ * (THUDM's modeling_chatglm for GLM-4-9B-chat: GLMBlock with RMSNorm, SelfAttention,
+ * MLP) is the same without the post norms, its query_key_value (with add_qkv_bias's
+ * bias) split into q, k and v, and its rotary (pairs of neighbours over half of each
+ * head, base 10000 * rope_ratio) the same.
  *
  * gpt-oss follows HF transformers' modeling_gpt_oss (GptOssForCausalLM) and its config:
  * per layer x += o_proj(attn(input_layernorm(x))) + o bias, x += mlp(post_attention_layernorm(x))
@@ -108,6 +120,8 @@ struct ref_model {
                             absent, the sublayers read the residual stream as it is */
     int no_rope_interval; /* SmolLM3: layers with (l + 1) % it == 0 have no RoPE; 0: none */
     bool layer_norm;    /* StableLM: nn.LayerNorm (with bias) where the others have RMSNorm */
+    bool glm4;          /* GLM-4, ChatGLM: gate and up in one ffn_up, RoPE in neighbouring
+                           pairs */
     int *routes; /* ref_model_record_routes's, or NULL */
     double rope_base, eps;
     double *long_factor, *short_factor; /* phi3 LongRoPE (rotary_dim / 2) or NULL */
@@ -190,6 +204,24 @@ static void ref_split_phi3(const ref_model *m, ref_layer *L, double *qkv, double
     free(gate_up);
 }
 
+/* GLM's fused tensors, split as phi3's: ChatGLM's query_key_value (q, k, v rows) and its
+ * bias (NULL: GLM-4-0414's separate q, k, v), the gate_up_proj of both. */
+static void ref_split_glm(const ref_model *m, ref_layer *L, double *qkv, double *bias,
+                          double *gate_up)
+{
+    ref_split_phi3(m, L, qkv, gate_up);
+    if (!bias)
+        return;
+    size_t qd = (size_t)m->n_head * m->head_dim, kvd = (size_t)m->n_kv_head * m->head_dim;
+    L->bq = malloc(qd * sizeof(double));
+    L->bk = malloc(kvd * sizeof(double));
+    L->bv = malloc(kvd * sizeof(double));
+    memcpy(L->bq, bias, qd * sizeof(double));
+    memcpy(L->bk, bias + qd, kvd * sizeof(double));
+    memcpy(L->bv, bias + qd + kvd, kvd * sizeof(double));
+    free(bias);
+}
+
 /* YaRN's inv_freq and attention factor from the GGUF's keys, as HF's
  * _compute_yarn_parameters computes them: the ramp's ends floored and ceiled where
  * truncate (its default; gpt-oss's config says false), the attention factor
@@ -267,7 +299,7 @@ ref_model *ref_model_load(const gguf_file *g)
                                         "granite", "gemma",   "gemma2",   "gemma3",
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss", "mistral3", "exaone4"};
+                                        "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -282,9 +314,12 @@ ref_model *ref_model_load(const gguf_file *g)
     bool qwen2moe = !strcmp(arch, "qwen2moe"), olmoe = !strcmp(arch, "olmoe");
     bool granitemoe = !strcmp(arch, "granitemoe");
     m->gptoss = !strcmp(arch, "gpt-oss");
+    /* llama's SwiGLU and attention, with their own parts */
+    m->glm4 = !strcmp(arch, "glm4") || !strcmp(arch, "chatglm");
+    bool llama_layer = !strcmp(arch, "smollm3") || !strcmp(arch, "mistral3") || m->glm4;
     m->arch = ai <= REF_GEMMA3                                     ? ai
               : granitemoe                                         ? REF_GRANITE
-              : !strcmp(arch, "smollm3") || !strcmp(arch, "mistral3") ? REF_LLAMA
+              : llama_layer                                        ? REF_LLAMA
               : qwen2moe || m->gptoss || !strcmp(arch, "stablelm") ? REF_QWEN2
                                                                    : REF_QWEN3;
     bool exaone4 = !strcmp(arch, "exaone4");
@@ -387,6 +422,10 @@ ref_model *ref_model_load(const gguf_file *g)
         L->bq = T("attn_q.bias");
         L->bk = T("attn_k.bias");
         L->bv = T("attn_v.bias");
+        if (m->glm4) { /* Glm4MLP's gate_up_proj, ChatGLM's query_key_value */
+            double *qkv = T("attn_qkv.weight"), *qkv_b = T("attn_qkv.bias");
+            ref_split_glm(m, L, qkv, qkv_b, T("ffn_up.weight"));
+        }
         L->q_norm = T("attn_q_norm.weight");
         L->k_norm = T("attn_k_norm.weight");
         L->post_attn = T("post_attention_norm.weight");
@@ -419,7 +458,7 @@ ref_model *ref_model_load(const gguf_file *g)
                 L->down = T("ffn_down_shexp.weight");
             }
         } else {
-            if (m->arch != REF_PHI3) {
+            if (m->arch != REF_PHI3 && !m->glm4) {
                 L->gate = T("ffn_gate.weight");
                 L->up = T("ffn_up.weight");
             }
@@ -557,7 +596,8 @@ static bool ref_sliding(const ref_model *m, int l)
 /* rotate_half over the first rotary_dim of each head (the rest passes, as Phi3's
  * partial rotary); inv_freq divided by LongRoPE's ext_factors, cos and sin times its
  * attention_factor. llama and granite GGUF files hold q/k permuted by the converter, so
- * that HF's halves are interleaved pairs there. */
+ * that HF's halves are interleaved pairs there; GLM-4's rotate_half pairs neighbours in
+ * HF's own code. */
 static void ref_rope(const ref_model *m, int l, double *x, int n_heads, int pos)
 {
     int hd = m->head_dim, rd = m->rotary_dim;
