@@ -533,10 +533,12 @@ static void gptoss_files(void)
 }
 
 /* The smaller architectures (--arch olmo2, granitemoe, smollm3, exaone, stablelm, glm4,
- * chatglm) write what llama.cpp's loader reads of them, and what llmsd loads: OLMo 2's
- * post norms and whole q/k norms, no input norms; Granite MoE's router and merged experts,
- * its shared expert with --shared-ffn alone; GLM-4's post norms and fused gate/up;
- * ChatGLM's fused q/k/v with its bias. */
+ * chatglm, mistral3, exaone4) write what llama.cpp's loader reads of them, and what llmsd
+ * loads: OLMo 2's post norms and whole q/k norms, no input norms; Granite MoE's router and
+ * merged experts, its shared expert with --shared-ffn alone; GLM-4's post norms and fused
+ * gate/up; ChatGLM's fused q/k/v with its bias; Ministral 3's YaRN over --rope-orig-ctx
+ * without LongRoPE's factors; EXAONE 4's post norms and per-head q/k norms, its window and
+ * pattern with --sliding-window. */
 static void small_arch_files(void)
 {
     const char *vocab = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
@@ -568,6 +570,12 @@ static void small_arch_files(void)
          {"blk.0.ffn_gate.weight", "blk.0.attn_qkv.weight"}},
         {"chatglm", "", {"blk.3.attn_qkv.bias", "blk.3.attn_qkv.weight", "blk.0.ffn_up.weight"},
          {"blk.0.post_ffw_norm.weight", "blk.0.attn_q.weight"}},
+        {"mistral3", "--rope-orig-ctx 16",
+         {"blk.3.attn_q.weight", "blk.3.ffn_norm.weight", "output.weight"},
+         {"blk.0.attn_q_norm.weight", "rope_factors_long.weight"}},
+        {"exaone4", "--sliding-window 32",
+         {"blk.3.post_ffw_norm.weight", "blk.3.attn_q_norm.weight", "blk.0.ffn_gate.weight"},
+         {"blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char out[1100], args[4096], err[1024], e[ERR_MAX];
@@ -589,6 +597,11 @@ static void small_arch_files(void)
         model *m = model_from_gguf(g, e);
         CHECK_MSG(m && !strcmp(model_arch_name(model_hparams_of(m)->arch), cases[c].arch),
                   "%s: %s", cases[c].arch, e);
+        const model_hparams *hp = model_hparams_of(m);
+        if (!strcmp(cases[c].arch, "mistral3"))
+            CHECK(hp->attn_temp_floor == 16 && hp->rope_scaling.freq_scale == 1.0f / 16);
+        if (!strcmp(cases[c].arch, "exaone4"))
+            CHECK(hp->swa_window == 32 && hp->swa_pattern == 4 && hp->nope_step == 4);
         model_free(m);
         gguf_close(g);
     }
