@@ -68,7 +68,12 @@ typedef struct modelgen_params {
      * head), attn_norm and post_attention_norm (the feed-forward's), output.weight,
      * rope.freq_base 150000 and YaRN (factor 32 over an original context of 4096, betas 32
      * and 1), expert_feed_forward_length and attention.sliding_window (below, 128 when 0;
-     * llama.cpp slides the even layers). */
+     * llama.cpp slides the even layers). "command-r" and "cohere2" as llama.cpp's
+     * converter writes Cohere's models: attn_norm alone (a LayerNorm without bias, no
+     * ffn_norm), no output.weight (tied), attention.layer_norm_epsilon, logit_scale 2;
+     * command-r with 64 layers or more has Command-R+'s per-head attn_q_norm /
+     * attn_k_norm (head_dim x heads, F32); cohere2 has attention.sliding_window (below,
+     * 4096 when 0, Command R7B's). */
     const char *arch;
     int dim;
     int n_layer;
@@ -109,9 +114,9 @@ typedef struct modelgen_params {
      * so that a test can write a value llmsd must refuse. */
     int pooling_type;
     /* {arch}.attention.sliding_window. phi3: 0 writes 0 (none, as Phi-4's files);
-     * gemma2 / gemma3 / gpt-oss: 0 writes the family's (4096 for gemma2, 1024 for gemma3,
-     * as Gemma 2 and Gemma 3 4B+ have it, 128 for gpt-oss); other architectures have
-     * none. */
+     * gemma2 / gemma3 / gpt-oss / cohere2: 0 writes the family's (4096 for gemma2, 1024
+     * for gemma3, as Gemma 2 and Gemma 3 4B+ have it, 128 for gpt-oss, 4096 for cohere2);
+     * other architectures have none. */
     int sliding_window;
     /* gemma2: {arch}.attn_logit_softcapping and final_logit_softcapping, 0: Gemma 2's 50
      * and 30. */

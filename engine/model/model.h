@@ -26,7 +26,13 @@
  * NEOX RoPE with YaRN, attention sinks (one learned logit per head in every softmax's
  * denominator), a sliding window on the even layers, and experts with biases (router
  * included) and OpenAI's clamped SwiGLU, routed by softmax over the top k of the router's
- * logits. Weights are used in place from the file mapping.
+ * logits; Cohere's "command-r" (Command-R, Command-R+, Aya 23, Aya Expanse) and "cohere2"
+ * (Command R7B, Command A): one LayerNorm without bias feeding attention and the
+ * feed-forward in parallel (both outputs added to the residual), interleaved RoPE as the
+ * file holds q and k, per-head q/k LayerNorms where the file has them (Command-R+), the
+ * output tied to the embedding and multiplied by logit_scale; cohere2 slides three
+ * layers of four, the fourth attending globally without RoPE. Weights are used in place
+ * from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -63,6 +69,8 @@ enum model_arch {
     MODEL_ARCH_SMOLLM3,
     MODEL_ARCH_EXAONE,
     MODEL_ARCH_STABLELM,
+    MODEL_ARCH_COMMAND_R,
+    MODEL_ARCH_COHERE2,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -82,7 +90,8 @@ enum model_ffn_act {
 /* The sublayers' and the output's norm. */
 enum model_norm {
     MODEL_NORM_RMS,   /* x / rms(x) * w */
-    MODEL_NORM_LAYER, /* (x - mean) / std * w + b, LayerNorm with bias (stablelm) */
+    MODEL_NORM_LAYER, /* (x - mean) / std * w + b, LayerNorm with bias (stablelm) or
+                         without (command-r, cohere2) */
 };
 
 /* How RoPE pairs up dimensions within a head. */
@@ -123,7 +132,8 @@ typedef struct model_hparams {
      * that no token ever has more than the window behind it and every answer is exact. */
     int sliding_window;
     float residual_scale; /* granite, granitemoe: each sublayer's output times it, else 1 */
-    float logit_scale;    /* granite, granitemoe: logits divided by it, else 1 */
+    float logit_scale;    /* granite, granitemoe: logits divided by it; command-r, cohere2:
+                             the reciprocal of their logit_scale, which multiplies; else 1 */
     float norm_eps;
     int pooling_type; /* {arch}.pooling_type, numbered as llama.cpp does (0 none, 1 mean,
                          2 cls, 3 last, 4 rank): how an embedding model pools; -1 when the
@@ -144,10 +154,12 @@ typedef struct model_hparams {
     int swa_window;      /* sliding window: a sliding layer's row at position p attends to
                             the entries at positions p - swa_window < q <= p; 0: none */
     int swa_pattern;     /* layer l slides when l % swa_pattern < swa_pattern - 1 (gemma2:
-                            2, the even layers; gemma3: 6, all but every sixth) */
+                            2, the even layers; gemma3: 6, all but every sixth; cohere2:
+                            4) */
     bool rope_swa;       /* sliding layers rotate by rope_base_swa, unscaled (gemma3) */
     int nope_step;       /* smollm3: layer l rotates nothing when (l + 1) % nope_step == 0
-                            (4, llama.cpp's n_no_rope_layer_step); 0: every layer rotates */
+                            (4, llama.cpp's n_no_rope_layer_step; cohere2: 4, its global
+                            layers); 0: every layer rotates */
     float rope_base_swa;
     enum model_ffn_act ffn_act;
     enum model_norm norm; /* of attn_norm, ffn_norm and output_norm; norm_eps is
@@ -156,6 +168,9 @@ typedef struct model_hparams {
                             (gemma2, gemma3, olmo2) */
     bool pre_norms;      /* attn_norm / ffn_norm of each sublayer's input: all but olmo2,
                             whose sublayers read the residual stream as it is */
+    bool parallel;       /* command-r, cohere2: the feed-forward reads attn_norm's output as
+                            attention does (no ffn_norm), both outputs added to the
+                            residual stream of the layer's input */
 } model_hparams;
 
 /* The sliding window of layer l: hp->swa_window for a sliding layer, 0 (the whole
@@ -179,6 +194,9 @@ typedef struct model_qkv_extras {
     const float *k_norm; /* (head_dim), qwen3 */
     const float *q_norm_all; /* (n_head * head_dim), olmoe, olmo2: one RMSNorm over all of q */
     const float *k_norm_all; /* (n_head_kv * head_dim), olmoe, olmo2 */
+    /* command-r (Command-R+): a LayerNorm without bias of each head by its own row */
+    const float *q_norm_heads; /* (n_head, head_dim) */
+    const float *k_norm_heads; /* (n_head_kv, head_dim) */
 } model_qkv_extras;
 
 /* Finishes one token's q (n_head, head_dim), k and v (n_head_kv, head_dim): biases,
