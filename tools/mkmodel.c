@@ -3,7 +3,8 @@
  *
  *   mkmodel -o OUT.gguf
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
- *                  |olmo2|granitemoe|smollm3|exaone|stablelm|gpt-oss|bert|nomic-bert
+ *                  |olmo2|granitemoe|smollm3|exaone|stablelm|gpt-oss|command-r|cohere2
+ *                  |bert|nomic-bert
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]
  *            [--expert-type mxfp4|type]]
@@ -18,7 +19,8 @@
  *                             default is a quarter of the head)
  *           [--rope-orig-ctx N]   (phi3: LongRoPE factors for an original context N < C)
  *           [--sliding-window W]   (attention.sliding_window: phi3's, default none;
- *                                   gemma2/gemma3's/gpt-oss's, default 4096 / 1024 / 128)
+ *                                   gemma2/gemma3's/gpt-oss's/cohere2's, default 4096 /
+ *                                   1024 / 128 / 4096)
  *           [--attn-softcap C] [--final-softcap C]   (gemma2; default 50 and 30)
  *           [--rope-linear F]      (rope.scaling.type linear with factor F: gemma3 4B+
  *                                   have 8, applied to the global layers)
@@ -93,7 +95,7 @@ static void usage(FILE *out)
             "usage: mkmodel -o OUT.gguf\n"
             "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
             "                      gemma|gemma2|gemma3|olmo2|granitemoe|smollm3|exaone|\n"
-            "                      stablelm|gpt-oss|bert|nomic-bert\n"
+            "                      stablelm|gpt-oss|command-r|cohere2|bert|nomic-bert\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]\n"
             "                [--expert-type mxfp4|type]]\n"
@@ -115,8 +117,8 @@ static void usage(FILE *out)
             "               stablelm's default is a quarter of them)\n"
             "               [--rope-orig-ctx N]  (phi3: LongRoPE's long and short factors,\n"
             "               original context N; the long ones apply above it)\n"
-            "               [--sliding-window W]  (phi3: default none; gemma2/gemma3/gpt-oss:\n"
-            "               default 4096 / 1024 / 128)\n"
+            "               [--sliding-window W]  (phi3: default none; gemma2/gemma3/gpt-oss/\n"
+            "               cohere2: default 4096 / 1024 / 128 / 4096)\n"
             "               [--attn-softcap C] [--final-softcap C]  (gemma2; default 50, 30)\n"
             "               [--rope-linear F]  (linear rope scaling; gemma3: global layers)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)\n"
