@@ -473,11 +473,12 @@ static int model_read_stablelm(const gguf_file *g, const char *arch, model_hpara
  * Cohere's command-r (Command-R, Command-R+, Aya 23, Aya Expanse) and cohere2 (Command R7B,
  * Command A), as llama.cpp reads them and HF's CohereForCausalLM / Cohere2ForCausalLM
  * compute them: one LayerNorm without bias (attn_norm, epsilon
- * attention.layer_norm_epsilon) whose output both attention and the feed-forward read,
- * their outputs added to the layer's input; logits times logit_scale (both keys required,
- * as llama.cpp requires them). cohere2 slides the window attention.sliding_window
- * (required) over three layers of four and rotates only those: every fourth layer attends
- * globally without RoPE (llama.cpp's fixed pattern of 4, as the models' layer_types).
+ * attention.layer_norm_epsilon, required) whose output both attention and the
+ * feed-forward read, their outputs added to the layer's input; logits times logit_scale
+ * (required of cohere2; command-r's unscaled without it, as llama.cpp reads them).
+ * cohere2 slides the window attention.sliding_window (required) over the layers l with
+ * l % P < P - 1 and rotates only those, the others attending globally without RoPE: P is
+ * attention.sliding_window_pattern, 4 without it (the models' layer_types).
  */
 static int model_read_cohere(const gguf_file *g, const char *arch, model_hparams *hp,
                              char err[ERR_MAX])
@@ -486,18 +487,20 @@ static int model_read_cohere(const gguf_file *g, const char *arch, model_hparams
         return 0;
     hp->norm = MODEL_NORM_LAYER;
     hp->parallel = true;
+    bool cohere2 = hp->arch == MODEL_ARCH_COHERE2;
     float logit_scale;
     if (model_require(g, arch, "attention.layer_norm_epsilon", err) < 0 ||
         model_get_float(g, arch, "attention.layer_norm_epsilon", 1e-5f, &hp->norm_eps, err) < 0 ||
-        model_require(g, arch, "logit_scale", err) < 0 ||
+        (cohere2 && model_require(g, arch, "logit_scale", err) < 0) ||
         model_get_float(g, arch, "logit_scale", 1.0f, &logit_scale, err) < 0)
         return -1;
     hp->logit_scale = 1.0f / logit_scale;
-    if (hp->arch == MODEL_ARCH_COHERE2) {
-        if (model_get_dim(g, arch, "attention.sliding_window", -1, &hp->swa_window, err) < 0)
+    if (cohere2) {
+        if (model_get_dim(g, arch, "attention.sliding_window", -1, &hp->swa_window, err) < 0 ||
+            model_get_dim(g, arch, "attention.sliding_window_pattern", 4, &hp->swa_pattern,
+                          err) < 0)
             return -1;
-        hp->swa_pattern = 4;
-        hp->nope_step = 4;
+        hp->nope_step = hp->swa_pattern; /* the layers that do not slide */
     }
     return 0;
 }

@@ -31,7 +31,8 @@
  * feed-forward in parallel (both outputs added to the residual), interleaved RoPE as the
  * file holds q and k, per-head q/k LayerNorms where the file has them (Command-R+), the
  * output tied to the embedding and multiplied by logit_scale; cohere2 slides three
- * layers of four, the fourth attending globally without RoPE. Weights are used in place
+ * layers of four (attention.sliding_window_pattern), the fourth attending globally
+ * without RoPE. Weights are used in place
  * from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions

@@ -46,7 +46,8 @@ typedef struct cohere_edit {
     const char *rename;   /* the new general.architecture, or NULL */
     const char *drop[2];  /* tensors left out (a prefix "blk.*." is every layer's), or NULL */
     const char *drop_key; /* a key left out, or NULL */
-    const char *num_key;  /* a key (f32 or u32) set to num_value, or NULL */
+    const char *num_key;  /* a key (f32 or u32) set to num_value (added as a u32 where the
+                             file has none), or NULL */
     double num_value;
     const char *first_row; /* a 2-D tensor written as its first row alone (1-D), or NULL */
 } cohere_edit;
@@ -62,12 +63,11 @@ enum { C_COMMAND_R, C_COMMAND_R_PLUS, C_COHERE2, N_CASES };
 
 static const cohere_case CASES[N_CASES] = {
     [C_COMMAND_R] = {"command-r", "command-r", 4, 128,
-                     {"blk.2.attn_norm.weight", "command-r.logit_scale", NULL}},
+                     {"blk.2.attn_norm.weight", "command-r.attention.layer_norm_epsilon", NULL}},
     [C_COMMAND_R_PLUS] = {"command-r+", "command-r", 64, 64,
                           {"blk.63.attn_k_norm.weight", "blk.5.attn_q_norm.weight", NULL}},
     [C_COHERE2] = {"cohere2", "cohere2", 4, 128,
-                   {"cohere2.attention.sliding_window", "cohere2.attention.layer_norm_epsilon",
-                    NULL}},
+                   {"cohere2.attention.sliding_window", "cohere2.logit_scale", NULL}},
 };
 
 static modelgen_params cohere_params(const cohere_case *c, uint32_t type)
@@ -121,6 +121,7 @@ static int rewrite(const char *src, const char *dst, const cohere_edit *e)
     }
     gguf_writer *w = gguf_writer_new();
     int rc = 0;
+    bool num_found = false;
     for (int64_t i = 0; i < gguf_n_kv(g) && rc == 0; i++) {
         gguf_str k = gguf_key(g, i);
         char key[160];
@@ -130,6 +131,7 @@ static int rewrite(const char *src, const char *dst, const cohere_edit *e)
         if (e->drop_key && !strcmp(key, e->drop_key)) {
             continue;
         } else if (e->num_key && !strcmp(key, e->num_key)) {
+            num_found = true;
             rc = gguf_kv_type(g, i) == GGUF_UINT32 ? gguf_writer_set_u32(w, key, (uint32_t)e->num_value)
                                                    : gguf_writer_set_f32(w, key, (float)e->num_value);
         } else if (e->rename && !strcmp(key, "general.architecture")) {
@@ -147,6 +149,8 @@ static int rewrite(const char *src, const char *dst, const cohere_edit *e)
             rc = gguf_writer_copy_kv(w, g, i);
         }
     }
+    if (rc == 0 && e->num_key && !num_found)
+        rc = gguf_writer_set_u32(w, e->num_key, (uint32_t)e->num_value);
     for (int64_t i = 0; i < gguf_n_tensors(g) && rc == 0; i++) {
         const gguf_tensor *t = gguf_tensor_at(g, i);
         char name[128];
@@ -215,6 +219,30 @@ static void test_metadata(void)
         }
         model_free(m);
     }
+}
+
+/* cohere2 with attention.sliding_window_pattern 2 (the key llama.cpp reads, default 4):
+ * the even layers slide and rotate, the odd ones attend globally without RoPE, in the
+ * loader's layers and in the logits against the reference, which reads the key too. */
+static void test_window_pattern(void)
+{
+    char err[ERR_MAX], dst[512];
+    snprintf(dst, sizeof dst, "%s/pattern2.gguf", test_tmpdir());
+    modelgen_params p = cohere_params(&CASES[C_COHERE2], QTYPE_F32);
+    const char *src = gen(&p, "pattern");
+    cohere_edit e = {.num_key = "cohere2.attention.sliding_window_pattern", .num_value = 2};
+    CHECK(src && rewrite(src, dst, &e) == 0);
+    model *m = model_load(dst, err);
+    CHECK_MSG(m, "%s", err);
+    const model_hparams *hp = model_hparams_of(m);
+    for (int l = 0; l < hp->n_layer; l++) {
+        CHECK_MSG(model_layer_rotates(hp, l) == (l % 2 == 0), "layer %d", l);
+        CHECK_MSG(model_layer_window(hp, l) == (l % 2 == 0 ? WINDOW : 0), "layer %d", l);
+    }
+    model_free(m);
+    double d = model_check_file(dst, 512, 2, &PLAN);
+    printf("  cohere2, pattern 2: max |logit diff| %.4g\n", d);
+    CHECK(d <= TOL_FLOAT);
 }
 
 /* ---- the forward against the reference ---- */
@@ -481,6 +509,7 @@ static void test_missing_parts_refused(void)
 int main(void)
 {
     RUN(test_metadata);
+    RUN(test_window_pattern);
     RUN(test_logits_vs_reference);
     RUN(test_compressed_kv);
     RUN(test_parts_matter);

@@ -50,8 +50,9 @@
  * (where the file has them), Cohere's rotate_half (interleaved pairs: x[2i], x[2i+1])
  * on q and k as the file holds them, and logits = lm_head(norm(x)) * logit_scale, lm_head
  * tied to the embedding. cohere2 (modeling_cohere2) is that layer with layer_types
- * sliding for (i + 1) % 4 != 0: those layers attend through sliding_window and rotate q
- * and k, the others attend to every position and rotate nothing.
+ * sliding for (i + 1) % sliding_window_pattern != 0 (4 by default): those layers attend
+ * through sliding_window and rotate q and k, the others attend to every position and
+ * rotate nothing.
  *
  * gpt-oss follows HF transformers' modeling_gpt_oss (GptOssForCausalLM) and its config:
  * per layer x += o_proj(attn(input_layernorm(x))) + o bias, x += mlp(post_attention_layernorm(x))
@@ -265,7 +266,7 @@ ref_model *ref_model_load(const gguf_file *g)
                                                                    : REF_QWEN3;
     m->olmo2 = !strcmp(arch, "olmo2");
     /* SmolLM3Config's no_rope_layers default: use_rope = (layer_idx + 1) % 4 != 0 */
-    m->no_rope_interval = !strcmp(arch, "smollm3") || cohere2 ? 4 : 0;
+    m->no_rope_interval = !strcmp(arch, "smollm3") ? 4 : 0;
     m->layer_norm = !strcmp(arch, "stablelm") || cohere;
     m->parallel = cohere;
     m->qk_norm_whole = olmoe || m->olmo2;
@@ -298,9 +299,10 @@ ref_model *ref_model_load(const gguf_file *g)
     m->residual_multiplier = granite ? ref_f32(g, arch, "residual_scale", 0) : 1.0;
     m->logits_scaling = granite ? ref_f32(g, arch, "logit_scale", 0) : 1.0;
     m->logit_scale = cohere ? ref_f32(g, arch, "logit_scale", 0) : 1.0;
-    if (cohere2) { /* sliding_window_pattern 4: the layers with (i + 1) % 4 != 0 slide */
+    if (cohere2) { /* sliding_window_pattern P (4): layers with (i + 1) % P != 0 slide and
+                    * rotate, the others neither */
         m->window = ref_u32(g, arch, "attention.sliding_window", 0);
-        m->pattern = 4;
+        m->pattern = m->no_rope_interval = ref_u32(g, arch, "attention.sliding_window_pattern", 4);
     }
     /* Phi3's _compute_longrope_parameters: factor = max / original positions */
     m->long_factor = ref_tensor(g, "rope_factors_long.weight", m->rotary_dim / 2);
