@@ -4,7 +4,7 @@
  *   mkmodel -o OUT.gguf
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
  *                  |olmo2|granitemoe|smollm3|exaone|stablelm|mistral3|exaone4|glm4|chatglm
- *                  |gpt-oss|bert|nomic-bert
+ *                  |command-r|cohere2|gpt-oss|bert|nomic-bert
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]
  *            [--expert-type mxfp4|type]]
@@ -20,8 +20,9 @@
  *           [--rope-orig-ctx N]   (phi3: LongRoPE factors for an original context N < C;
  *                                  mistral3: YaRN's original context)
  *           [--sliding-window W]   (attention.sliding_window: phi3's, default none;
- *                                   gemma2/gemma3's/gpt-oss's, default 4096 / 1024 / 128;
- *                                   exaone4's, default none, with W the 32B's 3:1 layers)
+ *                                   gemma2/gemma3's/gpt-oss's/cohere2's, default 4096 /
+ *                                   1024 / 128 / 4096; exaone4's, default none, with W
+ *                                   the 32B's 3:1 layers)
  *           [--attn-softcap C] [--final-softcap C]   (gemma2; default 50 and 30)
  *           [--rope-linear F]      (rope.scaling.type linear with factor F: gemma3 4B+
  *                                   have 8, applied to the global layers)
@@ -96,8 +97,8 @@ static void usage(FILE *out)
             "usage: mkmodel -o OUT.gguf\n"
             "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
             "                      gemma|gemma2|gemma3|olmo2|granitemoe|smollm3|exaone|\n"
-            "                      stablelm|mistral3|exaone4|glm4|chatglm|gpt-oss|bert|\n"
-            "                      nomic-bert\n"
+            "                      stablelm|mistral3|exaone4|glm4|chatglm|command-r|cohere2|\n"
+            "                      gpt-oss|bert|nomic-bert\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]\n"
             "                [--expert-type mxfp4|type]]\n"
@@ -121,9 +122,10 @@ static void usage(FILE *out)
             "               [--rope-orig-ctx N]  (phi3: LongRoPE's long and short factors,\n"
             "               original context N; the long ones apply above it; mistral3:\n"
             "               YaRN's original context, default C / 16)\n"
-            "               [--sliding-window W]  (phi3: default none; gemma2/gemma3/gpt-oss:\n"
-            "               default 4096 / 1024 / 128; exaone4: default none, with W the\n"
-            "               32B's hybrid attention, every fourth layer global)\n"
+            "               [--sliding-window W]  (phi3: default none; gemma2/gemma3/gpt-oss/\n"
+            "               cohere2: default 4096 / 1024 / 128 / 4096; exaone4: default\n"
+            "               none, with W the 32B's hybrid attention, every fourth layer\n"
+            "               global)\n"
             "               [--attn-softcap C] [--final-softcap C]  (gemma2; default 50, 30)\n"
             "               [--rope-linear F]  (linear rope scaling; gemma3: global layers)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)\n"

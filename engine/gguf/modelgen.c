@@ -247,8 +247,10 @@ static int modelgen_set_types(const modelgen_params *p, modelgen_tensor *ts, int
         has_output |= !strcmp(ts[i].name, "output.weight");
     for (int i = 0; i < n_t; i++) {
         modelgen_tensor *t = &ts[i];
-        /* llama-quantize keeps routers in F32, and biases (gpt-oss's experts' are 2-D) */
-        if (t->n_dims == 1 || strstr(t->name, "ffn_gate_inp") || strstr(t->name, ".bias"))
+        /* llama-quantize keeps routers in F32, and biases (gpt-oss's experts' are 2-D) and
+         * norms (Command-R+'s per-head ones are 2-D) */
+        if (t->n_dims == 1 || strstr(t->name, "ffn_gate_inp") || strstr(t->name, ".bias") ||
+            strstr(t->name, "_norm.weight"))
             continue;
         if (p->mxfp4_experts && strstr(t->name, "_exps.weight"))
             t->type = QTYPE_MXFP4;
@@ -281,7 +283,8 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
                                         "granite",  "qwen2moe", "qwen3moe", "olmoe",
                                         "gemma",    "gemma2",   "gemma3",   "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm"};
+                                        "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
+                                        "command-r", "cohere2"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -318,7 +321,8 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     bool moe = olmoe || granitemoe || gptoss || !strcmp(p->arch, "qwen2moe") ||
                !strcmp(p->arch, "qwen3moe");
     /* gemma's window is ignored (it has none), as its tests write one for the family */
-    bool windowed = phi3 || gptoss || !strncmp(p->arch, "gemma", 5) || !strcmp(p->arch, "exaone4");
+    bool windowed = phi3 || gptoss || !strncmp(p->arch, "gemma", 5) ||
+                    !strcmp(p->arch, "exaone4") || !strcmp(p->arch, "cohere2");
     if (!modelgen_decoder_arch(p->arch, strlen(p->arch)) && !bert)
         return err_set(err, "unknown architecture '%s'", p->arch);
     if (p->sliding_window < 0 || !(p->attn_softcap >= 0) || !(p->final_softcap >= 0) ||
@@ -328,7 +332,7 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
         return err_set(err, "an original context (LongRoPE, YaRN) is phi3's and mistral3's");
     if (!windowed && p->sliding_window)
         return err_set(err, "a sliding window is phi3's, the Gemma family's, gpt-oss's and "
-                            "exaone4's");
+                            "exaone4's and cohere2's");
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
     if (p->mxfp4_experts && (!p->n_expert || p->dim % 32 || ff_exp % 32))
         return err_set(err, "MXFP4 experts need experts whose rows are whole blocks of 32");
@@ -491,6 +495,10 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool gemma2 = strcmp(p->arch, "gemma2") == 0, gemma3 = strcmp(p->arch, "gemma3") == 0;
     bool gemma = gemma2 || gemma3 || strcmp(p->arch, "gemma") == 0;
     bool gptoss = strcmp(p->arch, "gpt-oss") == 0;
+    bool cohere2 = strcmp(p->arch, "cohere2") == 0;
+    bool cohere = cohere2 || !strcmp(p->arch, "command-r");
+    /* Command-R+'s per-head q/k norms: llama.cpp's command-r has them at 64 layers and more */
+    bool qk_heads = cohere && !cohere2 && p->n_layer >= 64;
     /* StableLM's partial_rotary_factor 0.25, GLM-4's and ChatGLM's 0.5 */
     int rope_dims = p->rope_dims ? p->rope_dims
                     : stablelm   ? (hd / 4 + 1) / 2 * 2
@@ -519,6 +527,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         rope_base = 1000000.0f, eps = 1e-5f;
     /* OLMo 2 and EXAONE 4 normalize their sublayers' outputs, not their inputs */
     bool post_norms_only = olmo2 || exaone4;
+    if (cohere) /* Aya Expanse 8B's and Command R7B's rope_theta, their layer_norm_eps */
+        rope_base = cohere2 ? 50000.0f : 10000.0f, eps = 1e-5f;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
@@ -560,8 +570,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd) < 0 ||
         gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)rope_dims) < 0 ||
         gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base) < 0 ||
-        gguf_writer_set_f32(w, stablelm ? KEY("attention.layer_norm_epsilon")
-                                        : KEY("attention.layer_norm_rms_epsilon"), eps) < 0 ||
+        gguf_writer_set_f32(w, stablelm || cohere ? KEY("attention.layer_norm_epsilon")
+                                                  : KEY("attention.layer_norm_rms_epsilon"),
+                            eps) < 0 ||
         (p->pooling_type &&
          gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0) ||
         (p->n_expert &&
@@ -624,7 +635,13 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
          (gguf_writer_set_f32(w, KEY("embedding_scale"), 12.0f) < 0 ||
           gguf_writer_set_f32(w, KEY("residual_scale"), 0.22f) < 0 ||
           gguf_writer_set_f32(w, KEY("attention.scale"), 0.015625f) < 0 ||
-          gguf_writer_set_f32(w, KEY("logit_scale"), 8.0f) < 0))) {
+          gguf_writer_set_f32(w, KEY("logit_scale"), 8.0f) < 0)) ||
+        /* Cohere's logit_scale: 2, where the published models' 0.0625 to 0.25 would
+         * shrink a random model's logits under the tests' absolute tolerances */
+        (cohere && gguf_writer_set_f32(w, KEY("logit_scale"), 2.0f) < 0) ||
+        (cohere2 && gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                                        (uint32_t)(p->sliding_window ? p->sliding_window
+                                                                     : 4096)) < 0)) {
         err_set(err, "cannot set metadata");
         goto out;
     }
@@ -660,7 +677,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     ADD("output_norm.weight", 1, p->dim, 1, 0.1f, 1.0f);
     if (stablelm) /* its LayerNorms have biases */
         ADD("output_norm.bias", 1, p->dim, 1, 0.1f, 0.0f);
-    if (!p->tie_output && !gemma) {
+    if (!p->tie_output && !gemma && !cohere) {
         ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     }
     /* Phi-3-mini-128k's short factors are 1 to ~3, its long ones 1 to ~50 */
@@ -697,6 +714,12 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_q_norm.weight"), 1, q_dim, 1, 0.1f, 1.0f);
             ADD(N("attn_k_norm.weight"), 1, kv_dim, 1, 0.1f, 1.0f);
         }
+        if (qk_heads) { /* one row per head, F32 as the converter keeps norms */
+            ADD(N("attn_q_norm.weight"), 2, hd, p->n_head, 0.1f, 1.0f);
+            ts[n_t - 1].type = QTYPE_F32;
+            ADD(N("attn_k_norm.weight"), 2, hd, p->n_head_kv, 0.1f, 1.0f);
+            ts[n_t - 1].type = QTYPE_F32;
+        }
         ADD(N("attn_output.weight"), 2, q_dim, p->dim, s_q, 0.0f);
         if (gptoss) {
             /* sinks of about e^1 times one entry's weight: a share of the attention that
@@ -708,7 +731,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         }
         if (gemma2 || gemma3 || post_norms_only || glm4)
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        if (!post_norms_only && !gptoss)
+        /* Cohere's feed-forward reads attn_norm's output */
+        if (!post_norms_only && !gptoss && !cohere)
             ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (stablelm)
             ADD(N("ffn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);

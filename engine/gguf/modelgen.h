@@ -79,7 +79,12 @@ typedef struct modelgen_params {
      * EXAONE 4.0: OLMo 2's post_attention_norm and post_ffw_norm and no input norms,
      * qwen3's per-head attn_q_norm / attn_k_norm, rope.freq_base 1e6; with
      * sliding_window, the 32B's hybrid attention: attention.sliding_window and
-     * attention.sliding_window_pattern, a boolean per layer, every fourth false. */
+     * attention.sliding_window_pattern, a boolean per layer, every fourth false.
+     * "command-r" and "cohere2" as llama.cpp's converter writes Cohere's models: attn_norm
+     * alone (a LayerNorm without bias, no ffn_norm), no output.weight (tied),
+     * attention.layer_norm_epsilon, logit_scale 2; command-r with 64 layers or more has
+     * Command-R+'s per-head attn_q_norm / attn_k_norm (head_dim x heads, F32); cohere2 has
+     * attention.sliding_window (below, 4096 when 0, Command R7B's). */
     const char *arch;
     int dim;
     int n_layer;
@@ -120,9 +125,10 @@ typedef struct modelgen_params {
      * so that a test can write a value llmsd must refuse. */
     int pooling_type;
     /* {arch}.attention.sliding_window. phi3: 0 writes 0 (none, as Phi-4's files);
-     * gemma2 / gemma3 / gpt-oss: 0 writes the family's (4096 for gemma2, 1024 for gemma3,
-     * as Gemma 2 and Gemma 3 4B+ have it, 128 for gpt-oss); exaone4: 0 writes none (the
-     * 1.2B's global attention); other architectures have none. */
+     * gemma2 / gemma3 / gpt-oss / cohere2: 0 writes the family's (4096 for gemma2, 1024
+     * for gemma3, as Gemma 2 and Gemma 3 4B+ have it, 128 for gpt-oss, 4096 for cohere2);
+     * exaone4: 0 writes none (the 1.2B's global attention); other architectures have
+     * none. */
     int sliding_window;
     /* gemma2: {arch}.attn_logit_softcapping and final_logit_softcapping, 0: Gemma 2's 50
      * and 30. */

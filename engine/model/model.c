@@ -1,7 +1,8 @@
 /*
  * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite / gemma / gemma2 / gemma3 /
- * olmo2 / smollm3 / exaone / stablelm / glm4 / chatglm / gpt-oss model (or a mixture of
- * experts of llama, qwen2, qwen3, olmoe or granite) from GGUF and its forward pass.
+ * olmo2 / smollm3 / exaone / exaone4 / stablelm / mistral3 / glm4 / chatglm / command-r /
+ * cohere2 / gpt-oss model (or a mixture of experts of llama, qwen2, qwen3, olmoe or
+ * granite) from GGUF and its forward pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
  * weights and biases) are converted into one f32 array. The forward pass works on up to
@@ -130,6 +131,8 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_EXAONE4] = "exaone4",
     [MODEL_ARCH_GLM4] = "glm4",
     [MODEL_ARCH_CHATGLM] = "chatglm",
+    [MODEL_ARCH_COMMAND_R] = "command-r",
+    [MODEL_ARCH_COHERE2] = "cohere2",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -593,6 +596,42 @@ static int model_read_glm4(const gguf_file *g, const char *arch, model_hparams *
     return model_require(g, arch, "attention.layer_norm_rms_epsilon", err);
 }
 
+/*
+ * Cohere's command-r (Command-R, Command-R+, Aya 23, Aya Expanse) and cohere2 (Command R7B,
+ * Command A), as llama.cpp reads them and HF's CohereForCausalLM / Cohere2ForCausalLM
+ * compute them: one LayerNorm without bias (attn_norm, epsilon
+ * attention.layer_norm_epsilon, required) whose output both attention and the
+ * feed-forward read, their outputs added to the layer's input; logits times logit_scale
+ * (required of cohere2; command-r's unscaled without it, as llama.cpp reads them).
+ * cohere2 slides the window attention.sliding_window (required) over the layers l with
+ * l % P < P - 1 and rotates only those, the others attending globally without RoPE: P is
+ * attention.sliding_window_pattern, 4 without it (the models' layer_types).
+ */
+static int model_read_cohere(const gguf_file *g, const char *arch, model_hparams *hp,
+                             char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_COMMAND_R && hp->arch != MODEL_ARCH_COHERE2)
+        return 0;
+    hp->norm = MODEL_NORM_LAYER;
+    hp->parallel = true;
+    bool cohere2 = hp->arch == MODEL_ARCH_COHERE2;
+    float logit_scale;
+    if (model_require(g, arch, "attention.layer_norm_epsilon", err) < 0 ||
+        model_get_float(g, arch, "attention.layer_norm_epsilon", 1e-5f, &hp->norm_eps, err) < 0 ||
+        (cohere2 && model_require(g, arch, "logit_scale", err) < 0) ||
+        model_get_float(g, arch, "logit_scale", 1.0f, &logit_scale, err) < 0)
+        return -1;
+    hp->logit_scale = 1.0f / logit_scale;
+    if (cohere2) {
+        if (model_get_dim(g, arch, "attention.sliding_window", -1, &hp->swa_window, err) < 0 ||
+            model_get_dim(g, arch, "attention.sliding_window_pattern", 4, &hp->swa_pattern,
+                          err) < 0)
+            return -1;
+        hp->nope_step = hp->swa_pattern; /* the layers that do not slide */
+    }
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -607,11 +646,12 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     const char *arch = model_arch_name(hp->arch);
     bool granite = hp->arch == MODEL_ARCH_GRANITE || hp->arch == MODEL_ARCH_GRANITEMOE;
     /* llama.cpp's converter permutes their q and k rows (LlamaModel's): HF's halves become
-     * interleaved pairs */
+     * interleaved pairs; Cohere's rotate_half pairs them so already (not permuted) */
     bool interleaved = hp->arch == MODEL_ARCH_LLAMA || granite || hp->arch == MODEL_ARCH_SMOLLM3 ||
                        hp->arch == MODEL_ARCH_MISTRAL3 ||
                        hp->arch == MODEL_ARCH_GLM4 || /* GLM's own rotary pairs neighbours */
-                       hp->arch == MODEL_ARCH_CHATGLM;
+                       hp->arch == MODEL_ARCH_CHATGLM || hp->arch == MODEL_ARCH_COMMAND_R ||
+                       hp->arch == MODEL_ARCH_COHERE2;
     hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
     /* their experts' sizes have keys of their own: feed_forward_length is only a default */
     bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE ||
@@ -686,7 +726,7 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_gptoss(m->g, arch, hp, err) < 0 ||
         model_read_olmo2(m->g, arch, hp, err) < 0 || model_read_stablelm(m->g, arch, hp, err) < 0 ||
         model_read_mistral3(m->g, arch, hp, err) < 0 || model_read_exaone4(m->g, arch, hp, err) < 0 ||
-        model_read_glm4(m->g, arch, hp, err) < 0)
+        model_read_glm4(m->g, arch, hp, err) < 0 || model_read_cohere(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -830,7 +870,7 @@ static int model_vector(model *m, const char *name, int64_t n, const float **out
 }
 
 /* A small 2-D tensor of rows x cols (ne [cols, rows]), converted to f32 into m->vecs:
- * gpt-oss's per-expert biases. */
+ * gpt-oss's per-expert biases, Command-R+'s per-head q/k norms. */
 static int model_table(model *m, const char *name, int64_t rows, int64_t cols, const float **out,
                        char err[ERR_MAX])
 {
@@ -992,6 +1032,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     if (model_matrix(m, "token_embd.weight", hp->n_vocab, hp->dim, &m->tok_embd, err) < 0)
         return -1;
 
+    /* per layer q_dim + 2 kv_dim: qwen2's biases, or command-r's per-head q/k norms */
     m->vecs_cap = 2 * (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
                   (size_t)hp->n_layer * (4 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim) +
                   model_gptoss_vecs(hp);
@@ -1000,7 +1041,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     if (!m->vecs || !m->layers)
         return err_set(err, "out of memory");
 
-    bool layer_norm = hp->norm == MODEL_NORM_LAYER;
+    /* StableLM's LayerNorms have biases, Cohere's none */
+    bool layer_norm = hp->norm == MODEL_NORM_LAYER && hp->arch == MODEL_ARCH_STABLELM;
     if (model_vector(m, "output_norm.weight", hp->dim, &m->output_norm, err) < 0 ||
         (layer_norm && model_vector(m, "output_norm.bias", hp->dim, &m->output_norm_b, err) < 0))
         return -1;
@@ -1030,10 +1072,11 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         if ((hp->pre_norms &&
              (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
               /* gpt-oss's converter names the feed-forward's norm after HF's
-               * post_attention_layernorm */
-              model_vector(m, gptoss ? NAME("post_attention_norm.weight")
-                                     : NAME("ffn_norm.weight"),
-                           hp->dim, &L->ffn_norm, err) < 0)) ||
+               * post_attention_layernorm; a parallel layer has none */
+              (!hp->parallel &&
+               model_vector(m, gptoss ? NAME("post_attention_norm.weight")
+                                      : NAME("ffn_norm.weight"),
+                            hp->dim, &L->ffn_norm, err) < 0))) ||
             (layer_norm &&
              (model_vector(m, NAME("attn_norm.bias"), hp->dim, &L->attn_norm_b, err) < 0 ||
               model_vector(m, NAME("ffn_norm.bias"), hp->dim, &L->ffn_norm_b, err) < 0)) ||
@@ -1092,6 +1135,16 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
              model_vector(m, NAME("attn_k_norm.weight"), kv_dim, &L->extras.k_norm_all, err) < 0))
             return -1;
         if (gptoss && model_load_gptoss(m, L, l, err) < 0)
+            return -1;
+        /* Command-R+'s per-head q/k LayerNorms ((head_dim, n_head) tensors): both or none,
+         * as HF's use_qk_norm; llama.cpp requires them of 64 layers and more */
+        if (hp->arch == MODEL_ARCH_COMMAND_R &&
+            (hp->n_layer >= 64 || gguf_find_tensor(m->g, NAME("attn_q_norm.weight")) ||
+             gguf_find_tensor(m->g, NAME("attn_k_norm.weight"))) &&
+            (model_table(m, NAME("attn_q_norm.weight"), hp->n_head, hp->head_dim,
+                         &L->extras.q_norm_heads, err) < 0 ||
+             model_table(m, NAME("attn_k_norm.weight"), hp->n_head_kv, hp->head_dim,
+                         &L->extras.k_norm_heads, err) < 0))
             return -1;
         if (hp->post_norms &&
             (model_vector(m, NAME("post_attention_norm.weight"), hp->dim, &L->attn_post_norm,
@@ -1895,6 +1948,14 @@ void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const 
         for (int h = 0; h < hp->n_head_kv; h++)
             ops_rmsnorm(k + h * hd, k + h * hd, x->k_norm, hd, hp->norm_eps);
     }
+    if (x->q_norm_heads) {
+        for (int h = 0; h < hp->n_head; h++)
+            ops_layernorm(q + h * hd, q + h * hd, x->q_norm_heads + h * hd, NULL, hd,
+                          hp->norm_eps);
+        for (int h = 0; h < hp->n_head_kv; h++)
+            ops_layernorm(k + h * hd, k + h * hd, x->k_norm_heads + h * hd, NULL, hd,
+                          hp->norm_eps);
+    }
     if (hp->attn_temp_scale != 0.0f)
         ops_scale(q, 1.0f + hp->attn_temp_scale * logf(1.0f + (float)(pos / hp->attn_temp_floor)),
                   (size_t)q_dim);
@@ -2511,7 +2572,8 @@ static void model_logits(model_runner *r, int n)
     bool contiguous = true;
     for (int i = 1; i < n && contiguous; i++)
         contiguous = r->out_dst[i] == r->out_dst[i - 1] + (size_t)nv;
-    /* granite divides its logits by logit_scale (times the reciprocal, as llama.cpp) */
+    /* granite divides its logits by logit_scale (times the reciprocal, as llama.cpp);
+     * Cohere's multiply by theirs, whose reciprocal hp.logit_scale holds */
     float inv = 1.0f / r->m->hp.logit_scale;
     if (contiguous) {
         ops_matmul(r->pool, &w->output, r->xn, n, r->out_dst[0], r->mm_scratch);
@@ -2639,9 +2701,11 @@ static void model_forward_rows(model_runner *r, int n_parts)
         }
         model_residual(r->x, r->proj, hp->residual_scale, n * dim);
 
+        /* a parallel layer's feed-forward reads r->xn as attention read it */
         s.norm_w = L->ffn_norm;
         s.norm_b = L->ffn_norm_b;
-        model_run(r, model_norm_job, &s);
+        if (!hp->parallel)
+            model_run(r, model_norm_job, &s);
         if (hp->n_expert) {
             model_moe(r, L, n);
         } else {

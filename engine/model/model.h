@@ -22,15 +22,24 @@
  * "smollm3" (SmolLM3: llama with no RoPE on every fourth layer, model_layer_rotates);
  * "exaone" (EXAONE 3.0/3.5: llama's tensors, NEOX RoPE); "stablelm" (StableLM, StableLM 2
  * 1.6B/3B: LayerNorms with biases, partial NEOX rotary, q/k/v biases where the file has
- * them); "glm4" (GLM-4-0414, GLM-Z1: gemma2's norms around each sublayer, q/k/v biases
+ * them); "exaone4" (EXAONE 4.0: olmo2's norms with qwen3's per-head q/k norms, the 32B's
+ * sliding layers beside global ones without RoPE); "mistral3" (Ministral 3: llama with
+ * Llama 4's attention temperature on the queries); "glm4" (GLM-4-0414, GLM-Z1: gemma2's
+ * norms around each sublayer, q/k/v biases
  * where the file has them, gate and up in one ffn_up as phi3's, interleaved RoPE over half
  * of each head), "chatglm" (GLM-4-9B-chat of 2024, ChatGLM3: glm4 without the norms of
  * the sublayers' outputs, q/k/v in one attn_qkv with its bias); OpenAI's "gpt-oss"
  * (gpt-oss-20b/120b in llama.cpp's layout): q/k/v/o with biases, NEOX RoPE with YaRN,
  * attention sinks (one learned logit per head in every softmax's denominator), a sliding
  * window on the even layers, and experts with biases (router included) and OpenAI's
- * clamped SwiGLU, routed by softmax over the top k of the router's logits. Weights are
- * used in place from the file mapping.
+ * clamped SwiGLU, routed by softmax over the top k of the router's logits; Cohere's
+ * "command-r" (Command-R, Command-R+, Aya 23, Aya Expanse) and "cohere2" (Command R7B,
+ * Command A): one LayerNorm without bias feeding attention and the feed-forward in
+ * parallel (both outputs added to the residual), interleaved RoPE as the file holds q and
+ * k, per-head q/k LayerNorms where the file has them (Command-R+), the output tied to the
+ * embedding and multiplied by logit_scale; cohere2 slides three layers of four
+ * (attention.sliding_window_pattern), the fourth attending globally without RoPE. Weights
+ * are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -71,6 +80,8 @@ enum model_arch {
     MODEL_ARCH_EXAONE4,
     MODEL_ARCH_GLM4,
     MODEL_ARCH_CHATGLM,
+    MODEL_ARCH_COMMAND_R,
+    MODEL_ARCH_COHERE2,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -90,7 +101,8 @@ enum model_ffn_act {
 /* The sublayers' and the output's norm. */
 enum model_norm {
     MODEL_NORM_RMS,   /* x / rms(x) * w */
-    MODEL_NORM_LAYER, /* (x - mean) / std * w + b, LayerNorm with bias (stablelm) */
+    MODEL_NORM_LAYER, /* (x - mean) / std * w + b, LayerNorm with bias (stablelm) or
+                         without (command-r, cohere2) */
 };
 
 /* How RoPE pairs up dimensions within a head. */
@@ -131,7 +143,8 @@ typedef struct model_hparams {
      * that no token ever has more than the window behind it and every answer is exact. */
     int sliding_window;
     float residual_scale; /* granite, granitemoe: each sublayer's output times it, else 1 */
-    float logit_scale;    /* granite, granitemoe: logits divided by it, else 1 */
+    float logit_scale;    /* granite, granitemoe: logits divided by it; command-r, cohere2:
+                             the reciprocal of their logit_scale, which multiplies; else 1 */
     float norm_eps;
     int pooling_type; /* {arch}.pooling_type, numbered as llama.cpp does (0 none, 1 mean,
                          2 cls, 3 last, 4 rank): how an embedding model pools; -1 when the
@@ -152,11 +165,13 @@ typedef struct model_hparams {
     int swa_window;      /* sliding window: a sliding layer's row at position p attends to
                             the entries at positions p - swa_window < q <= p; 0: none */
     int swa_pattern;     /* layer l slides when l % swa_pattern < swa_pattern - 1 (gemma2:
-                            2, the even layers; gemma3: 6, all but every sixth) */
+                            2, the even layers; gemma3: 6, all but every sixth; cohere2:
+                            4) */
     bool rope_swa;       /* sliding layers rotate by rope_base_swa, unscaled (gemma3) */
     int nope_step;       /* layer l rotates nothing when (l + 1) % nope_step == 0: smollm3's
-                            4 (llama.cpp's n_no_rope_layer_step), exaone4's global layers
-                            (swa_pattern) beside sliding ones; 0: every layer rotates */
+                            4 (llama.cpp's n_no_rope_layer_step), the global layers
+                            (swa_pattern) of exaone4 and cohere2 beside sliding ones; 0:
+                            every layer rotates */
     float rope_base_swa;
     /* mistral3 (Ministral 3): Llama 4's attention temperature, q of a row at position p
      * times 1 + attn_temp_scale * ln(1 + floor(p / attn_temp_floor)) (llama.cpp's
@@ -170,6 +185,9 @@ typedef struct model_hparams {
                             (gemma2, gemma3, olmo2, exaone4, glm4; not chatglm) */
     bool pre_norms;      /* attn_norm / ffn_norm of each sublayer's input: all but olmo2
                             and exaone4, whose sublayers read the residual stream as it is */
+    bool parallel;       /* command-r, cohere2: the feed-forward reads attn_norm's output as
+                            attention does (no ffn_norm), both outputs added to the
+                            residual stream of the layer's input */
 } model_hparams;
 
 /* The sliding window of layer l: hp->swa_window for a sliding layer, 0 (the whole
@@ -193,6 +211,9 @@ typedef struct model_qkv_extras {
     const float *k_norm; /* (head_dim), qwen3 */
     const float *q_norm_all; /* (n_head * head_dim), olmoe, olmo2: one RMSNorm over all of q */
     const float *k_norm_all; /* (n_head_kv * head_dim), olmoe, olmo2 */
+    /* command-r (Command-R+): a LayerNorm without bias of each head by its own row */
+    const float *q_norm_heads; /* (n_head, head_dim) */
+    const float *k_norm_heads; /* (n_head_kv, head_dim) */
 } model_qkv_extras;
 
 /* Finishes one token's q (n_head, head_dim), k and v (n_head_kv, head_dim) at position

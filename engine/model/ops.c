@@ -157,7 +157,7 @@ void ops_layernorm(float *y, const float *x, const float *w, const float *b, int
         var += (x[i] - mean) * (x[i] - mean);
     float s = (float)(1.0 / sqrt(var / n + eps)), mu = (float)mean;
     for (int i = 0; i < n; i++)
-        y[i] = (x[i] - mu) * s * w[i] + b[i];
+        y[i] = (x[i] - mu) * s * w[i] + (b ? b[i] : 0.0f);
 }
 
 void ops_add_layernorm(float *x, const float *a, const float *c, const float *w, const float *b,

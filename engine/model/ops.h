@@ -16,7 +16,7 @@
 void ops_rmsnorm(float *y, const float *x, const float *w, int n, float eps);
 
 /* y = (x - mean(x)) / sqrt(var(x) + eps) * w + b over n elements (y may be x): a pre-norm
- * LayerNorm with bias (StableLM). */
+ * LayerNorm with bias (StableLM), or without one when b is NULL (Cohere's). */
 void ops_layernorm(float *y, const float *x, const float *w, const float *b, int n, float eps);
 
 /* In-place softmax over n elements. */

@@ -44,6 +44,7 @@ static const char *const family_names[] = {
     [CHAT_GPT_OSS] = "gpt-oss",
     [CHAT_CHATGLM4] = "chatglm4",
     [CHAT_GLM_Z1] = "glm-z1",
+    [CHAT_COMMAND_R] = "command-r",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
@@ -195,6 +196,8 @@ enum chat_family chat_detect(const char *t)
         return strstr(t, "SYSTEM: ") ? CHAT_VICUNA_ORCA : CHAT_VICUNA;
     if (strstr(t, "### Instruction:") && strstr(t, "<|EOT|>"))
         return CHAT_DEEPSEEK;
+    if (strstr(t, "<|START_OF_TURN_TOKEN|>") && strstr(t, "<|USER_TOKEN|>"))
+        return CHAT_COMMAND_R;
     if (strstr(t, "<|start_header_id|>") && strstr(t, "<|end_header_id|>"))
         return CHAT_LLAMA3;
     if (strstr(t, "<｜Assistant｜>") && strstr(t, "<｜User｜>") &&
@@ -245,6 +248,8 @@ const char *chat_stop_text(enum chat_family f)
     case CHAT_CHATGLM4:
     case CHAT_GLM_Z1:
         return "<|user|>";
+    case CHAT_COMMAND_R:
+        return "<|END_OF_TURN_TOKEN|>";
     case CHAT_PLAIN:
         return "\nUser:";
     default:
@@ -587,6 +592,21 @@ static void apply_glm4(textwriter *w, enum chat_family f, const struct chat_mess
         textwriter_put(w, z1 ? "<|assistant|>\n<think>" : "<|assistant|>\n");
 }
 
+/* Cohere's turns, as llama.cpp's LLM_CHAT_TEMPLATE_COMMAND_R writes them. */
+static void apply_command_r(textwriter *w, const struct chat_message *msgs, int n, bool gen)
+{
+    static const char *const open[] = {"<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>",
+                                       "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>",
+                                       "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"};
+    for (int i = 0; i < n; i++) {
+        textwriter_put(w, open[role_of(&msgs[i])]);
+        textwriter_put_trimmed(w, msgs[i].content);
+        textwriter_put(w, "<|END_OF_TURN_TOKEN|>");
+    }
+    if (gen)
+        textwriter_put(w, open[ROLE_ASSISTANT]);
+}
+
 /* SmolLM3's custom instructions for its "/think" mode when the system message gives none
  * (its template's text). */
 static const char smollm3_think_default[] =
@@ -738,6 +758,9 @@ int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
         break;
     case CHAT_EXAONE3:
         apply_exaone3(&w, msgs, n, add_generation_prompt);
+        break;
+    case CHAT_COMMAND_R:
+        apply_command_r(&w, msgs, n, add_generation_prompt);
         break;
     case CHAT_SMOLLM3:
         if (apply_smollm3(&w, msgs, n, add_generation_prompt, enable_thinking) < 0)

@@ -127,10 +127,16 @@ enum chat_family {
      * message first, every other message's text after its last "</think>", stripped; the
      * generation prompt opens the block, "<|assistant|>\n<think>" */
     CHAT_GLM_Z1,
+    /* "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>content<|END_OF_TURN_TOKEN|>" (Command-R,
+     * Command-R+, Aya 23, Aya Expanse; SYSTEM_TOKEN and CHATBOT_TOKEN for the other roles),
+     * every content trimmed; the generation prompt opens a CHATBOT_TOKEN turn. Their
+     * templates write a default preamble when there is no system message; llama.cpp's
+     * command-r format, kept here, does not */
+    CHAT_COMMAND_R,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_GLM_Z1 + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_COMMAND_R + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
@@ -149,7 +155,7 @@ enum chat_family {
  * Mode" line) smollm3; "<start_of_turn>" is gemma; "[|system|]", "[|assistant|]" and
  * "[|endofturn|]" exaone3; "<|start|>" with "<|channel|>" and "<|message|>" is gpt-oss;
  * "[gMASK]<sop>" is chatglm4, or glm-z1 where the generation prompt opens a think block
- * ("<|assistant|>\n<think>").
+ * ("<|assistant|>\n<think>"); "<|START_OF_TURN_TOKEN|>" with "<|USER_TOKEN|>" command-r.
  * NULL or anything else gives CHAT_PLAIN.
  */
 enum chat_family chat_detect(const char *template_text);
@@ -171,7 +177,7 @@ const char *chat_family_name(enum chat_family f);
     "plain|chatml|hermes|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|"         \
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
     "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma|" \
-    "exaone3|smollm3|gpt-oss|chatglm4|glm-z1"
+    "exaone3|smollm3|gpt-oss|chatglm4|glm-z1|command-r"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */

@@ -336,6 +336,7 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         "<|return|>",
         "<|call|>",
         "_<EOT>",
+        "<|END_OF_TURN_TOKEN|>", /* Cohere's, whatever EOS its file names */
         ("<\xef\xbd\x9c" /* split: \x9c would swallow the 'e' that follows */
          "end\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"),
     };

@@ -155,12 +155,12 @@ bool tok_add_eos(const tokenizer *t);
 
 /* End of generation: EOS, EOT, EOM, FIM_PAD, FIM_REP, FIM_SEP (as llama.cpp adds them),
  * or a control token known to end a turn ("<|eot_id|>", "<|im_end|>", "<|end|>",
- * "<end_of_turn>", "<|endoftext|>", ...). */
+ * "<end_of_turn>", "<|endoftext|>", "<|END_OF_TURN_TOKEN|>", ...). */
 bool tok_is_eog(const tokenizer *t, int32_t id);
 
 /* The end-of-generation tokens, at most (the roles EOS, EOT, EOM and the three FIM ones,
  * and the known texts above). */
-#define TOK_EOG_MAX 18
+#define TOK_EOG_MAX 19
 
 /* Every token tok_is_eog says yes to, in *ids (the tokenizer's; at most TOK_EOG_MAX):
  * their count. What a sampler bans to generate past the end (llama.cpp's ignore_eos). */

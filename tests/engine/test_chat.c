@@ -440,6 +440,23 @@ static void detects_more_llama_and_qwen_families(void)
          "{{ \"<|im_start|>assistant\\n\" + \"<think>\\n\\n</think>\\n\" + "
          "content.lstrip(\"\\n\") + \"<|im_end|>\\n\" }}",
          "smollm3"},
+        /* CohereForAI/c4ai-command-r-v01's default template, its turns (Aya 23's and Aya
+         * Expanse's write theirs alike) */
+        {"{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set loop_messages = "
+         "messages[1:] %}{% set system_message = messages[0]['content'] %}{% elif false == "
+         "true %}{% set loop_messages = messages %}{% set system_message = 'You are Command-R, "
+         "a brilliant, sophisticated, AI-assistant trained to assist human users by providing "
+         "thorough responses. You are trained by Cohere.' %}{% else %}{% set loop_messages = "
+         "messages %}{% set system_message = false %}{% endif %}{% if system_message != false "
+         "%}{{ '<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>' + system_message + "
+         "'<|END_OF_TURN_TOKEN|>' }}{% endif %}{% for message in loop_messages %}{% set "
+         "content = message['content'] %}{% if message['role'] == 'user' %}{{ "
+         "'<|START_OF_TURN_TOKEN|><|USER_TOKEN|>' + content.strip() + '<|END_OF_TURN_TOKEN|>' "
+         "}}{% elif message['role'] == 'assistant' %}{{ "
+         "'<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' + content.strip() + "
+         "'<|END_OF_TURN_TOKEN|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ "
+         "'<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}",
+         "command-r"},
     };
     for (size_t i = 0; i < sizeof D / sizeof D[0]; i++) {
         const char *got = chat_family_name(chat_detect(D[i].tmpl));
@@ -655,6 +672,16 @@ static const struct {
      "[|system|]You are a helpful assistant[|endofturn|]\n[|user|]Hello\n"
      "[|assistant|]Hi there[|endofturn|]\n[|user|]Who are you\n"
      "[|assistant|]I am an assistant[|endofturn|]\n[|user|]Another question\n[|assistant|]"},
+    /* llama.cpp's LLM_CHAT_TEMPLATE_COMMAND_R (its llama_chat_apply_template's output for
+     * these messages): every content trimmed */
+    {CHAT_COMMAND_R,
+     "<|START_OF_TURN_TOKEN|><|SYSTEM_TOKEN|>You are a helpful assistant<|END_OF_TURN_TOKEN|>"
+     "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Hello<|END_OF_TURN_TOKEN|>"
+     "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>Hi there<|END_OF_TURN_TOKEN|>"
+     "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Who are you<|END_OF_TURN_TOKEN|>"
+     "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>I am an assistant<|END_OF_TURN_TOKEN|>"
+     "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Another question<|END_OF_TURN_TOKEN|>"
+     "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"},
 };
 
 static void formats_match_llama_cpp(void)
@@ -895,6 +922,8 @@ static void stop_texts_per_family(void)
     CHECK(strcmp(chat_stop_text(CHAT_GEMMA), "<end_of_turn>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_EXAONE3), "[|endofturn|]") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_SMOLLM3), "<|im_end|>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_COMMAND_R), "<|END_OF_TURN_TOKEN|>") == 0);
+    CHECK_EQ(chat_thinking(CHAT_COMMAND_R), CHAT_THINK_NONE);
     CHECK_EQ(chat_thinking(CHAT_GEMMA), CHAT_THINK_NONE);
     CHECK_EQ(chat_thinking(CHAT_EXAONE3), CHAT_THINK_NONE);
     CHECK_EQ(chat_thinking(CHAT_SMOLLM3), CHAT_THINK_REPLY);

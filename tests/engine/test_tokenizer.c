@@ -727,6 +727,28 @@ static void test_bpe_small(void)
     tok_free(t);
 }
 
+/* Cohere's vocabulary (Command-R, Aya): "<|END_OF_TURN_TOKEN|>" ends generation (a
+ * reply's turn) whatever EOS the file names, "<|START_OF_TURN_TOKEN|>" does not. */
+static void test_cohere_turn_end(void)
+{
+    static const vtok v[] = {{"a", 0, 1},
+                             {"b", 0, 1},
+                             {"<|END_OF_TURN_TOKEN|>", 0, 3},
+                             {"<|START_OF_TURN_TOKEN|>", 0, 3},
+                             {"<|CHATBOT_TOKEN|>", 0, 3},
+                             {"ab", 0, 1}};
+    static const char *merges[] = {"a b"};
+    char err[ERR_MAX] = "";
+    gguf_writer *w = vocab_writer("gpt2", v, 6);
+    gguf_writer_set_str_arr(w, "tokenizer.ggml.merges", merges, 1);
+    tokenizer *t = finish(w, "cohere", err);
+    CHECK_MSG(t, "%s", err);
+    CHECK(tok_is_eog(t, 2) && !tok_is_eog(t, 3) && !tok_is_eog(t, 4));
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_EOT), 2);
+    CHECK(eog_list_matches(t));
+    tok_free(t);
+}
+
 /* gpt-oss's harmony vocabulary: "<|return|>" and "<|call|>" end generation and "<|end|>",
  * which ends a message, does not; it and the markup between messages are shown in a
  * reply's text (user-defined), as llama.cpp loads them. A vocabulary with "<|end|>" but
@@ -954,6 +976,7 @@ int main(void)
     RUN(test_spm_merge_order);
     RUN(test_bpe_small);
     RUN(test_harmony_tokens);
+    RUN(test_cohere_turn_end);
     RUN(test_fim_tokens);
     RUN(test_bad_metadata);
     return test_finish();

@@ -48,6 +48,7 @@
  * has a sliding window, masks the layers layer_types calls "sliding_attention" (the
  * GGUF's sliding_window_pattern booleans) to it and rotates only those: the others attend
  * to everything without RoPE.
+ *
  * GLM-4 follows modeling_glm4 (Glm4DecoderLayer, Glm4Attention, Glm4MLP): RMSNorms around
  * both sublayers,
  *     h = x + post_self_attn_layernorm(attn(input_layernorm(x)))
@@ -60,6 +61,17 @@
  * MLP) is the same without the post norms, its query_key_value (with add_qkv_bias's
  * bias) split into q, k and v, and its rotary (pairs of neighbours over half of each
  * head, base 10000 * rope_ratio) the same.
+ *
+ * Cohere's command-r follows modeling_cohere (CohereDecoderLayer, CohereAttention): one
+ * CohereLayerNorm (no bias, eps layer_norm_eps) whose output h both sublayers read,
+ *     x = x + attn(h) + mlp(h)
+ * with use_qk_norm's CohereLayerNorm of each head of q and k by that head's own weights
+ * (where the file has them), Cohere's rotate_half (interleaved pairs: x[2i], x[2i+1])
+ * on q and k as the file holds them, and logits = lm_head(norm(x)) * logit_scale, lm_head
+ * tied to the embedding. cohere2 (modeling_cohere2) is that layer with layer_types
+ * sliding for (i + 1) % sliding_window_pattern != 0 (4 by default): those layers attend
+ * through sliding_window and rotate q and k, the others attend to every position and
+ * rotate nothing.
  *
  * gpt-oss follows HF transformers' modeling_gpt_oss (GptOssForCausalLM) and its config:
  * per layer x += o_proj(attn(input_layernorm(x))) + o bias, x += mlp(post_attention_layernorm(x))
@@ -119,9 +131,13 @@ struct ref_model {
     bool no_input_norms; /* Olmo2DecoderLayer, Exaone4DecoderLayer: attn_norm and ffn_norm
                             absent, the sublayers read the residual stream as it is */
     int no_rope_interval; /* SmolLM3: layers with (l + 1) % it == 0 have no RoPE; 0: none */
-    bool layer_norm;    /* StableLM: nn.LayerNorm (with bias) where the others have RMSNorm */
     bool glm4;          /* GLM-4, ChatGLM: gate and up in one ffn_up, RoPE in neighbouring
                            pairs */
+    bool layer_norm;    /* StableLM: nn.LayerNorm (with bias) where the others have RMSNorm;
+                           Cohere: CohereLayerNorm (without) */
+    bool parallel;      /* Cohere: attention and the MLP both read the input norm's output */
+    bool sequential;    /* ref_model_sequential's: the MLP reads the norm after attention */
+    double logit_scale; /* Cohere: multiplies the logits (1 for the others) */
     int *routes; /* ref_model_record_routes's, or NULL */
     double rope_base, eps;
     double *long_factor, *short_factor; /* phi3 LongRoPE (rotary_dim / 2) or NULL */
@@ -299,7 +315,8 @@ ref_model *ref_model_load(const gguf_file *g)
                                         "granite", "gemma",   "gemma2",   "gemma3",
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm"};
+                                        "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
+                                        "command-r", "cohere2"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -313,10 +330,12 @@ ref_model *ref_model_load(const gguf_file *g)
      * gpt-oss's attention is qwen2's (biases, halves) with its own parts (ref_gptoss_*) */
     bool qwen2moe = !strcmp(arch, "qwen2moe"), olmoe = !strcmp(arch, "olmoe");
     bool granitemoe = !strcmp(arch, "granitemoe");
+    bool cohere2 = !strcmp(arch, "cohere2"), cohere = cohere2 || !strcmp(arch, "command-r");
     m->gptoss = !strcmp(arch, "gpt-oss");
     /* llama's SwiGLU and attention, with their own parts */
     m->glm4 = !strcmp(arch, "glm4") || !strcmp(arch, "chatglm");
-    bool llama_layer = !strcmp(arch, "smollm3") || !strcmp(arch, "mistral3") || m->glm4;
+    bool llama_layer =
+        !strcmp(arch, "smollm3") || !strcmp(arch, "mistral3") || m->glm4 || cohere;
     m->arch = ai <= REF_GEMMA3                                     ? ai
               : granitemoe                                         ? REF_GRANITE
               : llama_layer                                        ? REF_LLAMA
@@ -326,7 +345,8 @@ ref_model *ref_model_load(const gguf_file *g)
     m->no_input_norms = !strcmp(arch, "olmo2") || exaone4;
     /* SmolLM3Config's no_rope_layers default: use_rope = (layer_idx + 1) % 4 != 0 */
     m->no_rope_interval = !strcmp(arch, "smollm3") ? 4 : 0;
-    m->layer_norm = !strcmp(arch, "stablelm");
+    m->layer_norm = !strcmp(arch, "stablelm") || cohere;
+    m->parallel = cohere;
     m->qk_norm_whole = olmoe || !strcmp(arch, "olmo2");
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
@@ -356,6 +376,12 @@ ref_model *ref_model_load(const gguf_file *g)
                                       : 1.0 / sqrt((double)m->head_dim);
     m->residual_multiplier = granite ? ref_f32(g, arch, "residual_scale", 0) : 1.0;
     m->logits_scaling = granite ? ref_f32(g, arch, "logit_scale", 0) : 1.0;
+    m->logit_scale = cohere ? ref_f32(g, arch, "logit_scale", 0) : 1.0;
+    if (cohere2) { /* sliding_window_pattern P (4): layers with (i + 1) % P != 0 slide and
+                    * rotate, the others neither */
+        m->window = ref_u32(g, arch, "attention.sliding_window", 0);
+        m->pattern = m->no_rope_interval = ref_u32(g, arch, "attention.sliding_window_pattern", 4);
+    }
     /* Phi3's _compute_longrope_parameters: factor = max / original positions */
     m->long_factor = ref_tensor(g, "rope_factors_long.weight", m->rotary_dim / 2);
     m->short_factor = ref_tensor(g, "rope_factors_short.weight", m->rotary_dim / 2);
@@ -470,14 +496,17 @@ ref_model *ref_model_load(const gguf_file *g)
                                      (!m->n_ff_shexp || (L->gate && L->up && L->down))
                                : L->gate && L->up && L->down;
         /* OLMo 2's post norms are computed where the file has them, as Gemma's */
-        bool norms = m->no_input_norms ? L->q_norm && L->k_norm : L->attn_norm && L->ffn_norm;
-        norms = norms && (!m->layer_norm || (L->attn_norm_b && L->ffn_norm_b));
+        bool norms = m->no_input_norms ? L->q_norm && L->k_norm
+                                       : L->attn_norm && (m->parallel || L->ffn_norm);
+        norms = norms && (!m->layer_norm || cohere || (L->attn_norm_b && L->ffn_norm_b));
+        norms = norms && !L->q_norm == !L->k_norm;
         if (!norms || !L->wq || !L->wk || !L->wv || !L->wo || !ffn) {
             ref_model_free(m);
             return NULL;
         }
     }
-    if (!m->embd || !m->out || !m->out_norm || (m->layer_norm && !m->out_norm_b)) {
+    if (!m->embd || !m->out || !m->out_norm || (m->layer_norm && !cohere && !m->out_norm_b) ||
+        (cohere && m->logit_scale <= 0) || (cohere2 && m->window <= 0)) {
         ref_model_free(m);
         return NULL;
     }
@@ -517,6 +546,11 @@ void ref_model_longrope_long(ref_model *m, bool on)
     m->use_long = on;
 }
 
+void ref_model_sequential(ref_model *m, bool on)
+{
+    m->sequential = on;
+}
+
 void ref_model_record_routes(ref_model *m, int *routes)
 {
     m->routes = routes;
@@ -548,7 +582,8 @@ static void ref_rmsnorm(double *y, const double *x, const double *w, int n, doub
 }
 
 /* StableLmDecoderLayer's input_layernorm, post_attention_layernorm and the final norm:
- * torch's nn.LayerNorm, (x - mean) / sqrt(var + eps) * w + b (biased variance). */
+ * torch's nn.LayerNorm, (x - mean) / sqrt(var + eps) * w + b (biased variance); Cohere's
+ * CohereLayerNorm is the same without b (NULL). */
 static void ref_layernorm(double *y, const double *x, const double *w, const double *b, int n,
                           double eps)
 {
@@ -560,11 +595,11 @@ static void ref_layernorm(double *y, const double *x, const double *w, const dou
         var += (x[i] - mean) * (x[i] - mean);
     double s = 1.0 / sqrt(var / n + eps);
     for (int i = 0; i < n; i++)
-        y[i] = (x[i] - mean) * s * w[i] + b[i];
+        y[i] = (x[i] - mean) * s * w[i] + (b ? b[i] : 0);
 }
 
-/* The model's norm of a sublayer's input or of the output: LayerNorm (StableLM) or
- * RMSNorm. */
+/* The model's norm of a sublayer's input or of the output: LayerNorm (StableLM, Cohere)
+ * or RMSNorm. */
 static void ref_norm(const ref_model *m, double *y, const double *x, const double *w,
                      const double *b)
 {
@@ -748,6 +783,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     double *g = malloc((size_t)ff * sizeof(double));
     double *u = malloc((size_t)ff * sizeof(double));
     double *p = malloc((size_t)n * sizeof(double));
+    /* Cohere: each layer's input, which its MLP normalizes as its attention did */
+    double *x_in = m->parallel ? malloc((size_t)n * dim * sizeof(double)) : NULL;
 
     for (int t = 0; t < n; t++)
         for (int i = 0; i < dim; i++)
@@ -757,6 +794,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
 
     for (int l = 0; l < m->n_layer; l++) {
         const ref_layer *L = &m->layers[l];
+        if (x_in)
+            memcpy(x_in, x, (size_t)n * dim * sizeof(double));
         for (int t = 0; t < n; t++) {
             if (m->no_input_norms)
                 memcpy(xn, x + (size_t)t * dim, (size_t)dim * sizeof(double));
@@ -765,7 +804,14 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             ref_matvec(q + (size_t)t * qd, L->wq, xn, L->bq, qd, dim);
             ref_matvec(k + (size_t)t * kvd, L->wk, xn, L->bk, kvd, dim);
             ref_matvec(v + (size_t)t * kvd, L->wv, xn, L->bv, kvd, dim);
-            if (L->q_norm && m->qk_norm_whole) {
+            if (L->q_norm && m->parallel) { /* CohereLayerNorm over (heads, head_dim) */
+                for (int h = 0; h < m->n_head; h++)
+                    ref_layernorm(q + (size_t)t * qd + h * hd, q + (size_t)t * qd + h * hd,
+                                  L->q_norm + h * hd, NULL, hd, m->eps);
+                for (int h = 0; h < m->n_kv_head; h++)
+                    ref_layernorm(k + (size_t)t * kvd + h * hd, k + (size_t)t * kvd + h * hd,
+                                  L->k_norm + h * hd, NULL, hd, m->eps);
+            } else if (L->q_norm && m->qk_norm_whole) {
                 double *qt = q + (size_t)t * qd, *kt = k + (size_t)t * kvd;
                 ref_rmsnorm(qt, qt, L->q_norm, qd, m->eps);
                 ref_rmsnorm(kt, kt, L->k_norm, kvd, m->eps);
@@ -835,6 +881,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
         for (int t = 0; t < n; t++) {
             if (m->no_input_norms)
                 memcpy(xn, x + (size_t)t * dim, (size_t)dim * sizeof(double));
+            else if (m->parallel)
+                ref_norm(m, xn, (m->sequential ? x : x_in) + (size_t)t * dim, L->attn_norm, NULL);
             else
                 ref_norm(m, xn, x + (size_t)t * dim, L->ffn_norm, L->ffn_norm_b);
             int *route = m->routes ? m->routes + ((size_t)l * n + t) * m->n_expert_used : NULL;
@@ -857,11 +905,12 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
         ref_matvec(logits + (size_t)t * m->n_vocab, m->out, xn, NULL, m->n_vocab, dim);
         for (int i = 0; i < m->n_vocab; i++) {
             double *z = &logits[(size_t)t * m->n_vocab + i];
-            *z /= m->logits_scaling;
+            *z = *z / m->logits_scaling * m->logit_scale;
             if (m->final_cap > 0)
                 *z = m->final_cap * tanh(*z / m->final_cap);
         }
     }
     free(x), free(xn), free(q), free(k), free(v), free(o), free(tmp), free(tmp2), free(g), free(u);
     free(p);
+    free(x_in);
 }

@@ -1,10 +1,11 @@
 /*
  * ref_forward.h — a plain reference forward pass for llama / qwen2 / qwen3 / phi3 / granite
- * / gemma / gemma2 / gemma3 / olmo2 / smollm3 / exaone / stablelm / mistral3 GGUF models
- * (and the mixtures of experts: qwen2moe, qwen3moe, llama with experts, olmoe, granitemoe,
- * gpt-oss), in double precision from dequantized weights, written independently of
- * engine/model/model.c (all but llama and qwen from Hugging Face's modeling code) so the
- * optimized forward can be checked against it.
+ * / gemma / gemma2 / gemma3 / olmo2 / smollm3 / exaone / exaone4 / stablelm / mistral3 /
+ * glm4 / chatglm / command-r / cohere2 GGUF models (and the mixtures of experts: qwen2moe,
+ * qwen3moe, llama with experts, olmoe, granitemoe, gpt-oss), in double precision from
+ * dequantized weights, written independently of engine/model/model.c (all but llama and
+ * qwen from Hugging Face's modeling code) so the optimized forward can be checked
+ * against it.
  */
 #ifndef LLMS_TEST_REF_FORWARD_H
 #define LLMS_TEST_REF_FORWARD_H
@@ -28,6 +29,11 @@ void ref_model_longrope_long(ref_model *m, bool on);
 /* Rounds every K and V to half precision before attention, as a KV cache stored in f16
  * does; lets a test separate that rounding from other differences. Off by default. */
 void ref_model_round_kv_f16(ref_model *m, bool on);
+
+/* Cohere (command-r, cohere2): the MLP reads the norm of the residual after attention's
+ * add (on), as a sequential layer would, rather than the layer input's (off, the model's
+ * parallel residual, the default): lets a test show that the parallel residual matters. */
+void ref_model_sequential(ref_model *m, bool on);
 
 /* With experts: from the next ref_forward on, the experts each token chose in each layer,
  * in the order of their probabilities, into routes (n_layer, n, expert_used_count); NULL

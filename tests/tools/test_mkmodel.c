@@ -533,12 +533,13 @@ static void gptoss_files(void)
 }
 
 /* The smaller architectures (--arch olmo2, granitemoe, smollm3, exaone, stablelm, glm4,
- * chatglm, mistral3, exaone4) write what llama.cpp's loader reads of them, and what llmsd
- * loads: OLMo 2's post norms and whole q/k norms, no input norms; Granite MoE's router and
- * merged experts, its shared expert with --shared-ffn alone; GLM-4's post norms and fused
- * gate/up; ChatGLM's fused q/k/v with its bias; Ministral 3's YaRN over --rope-orig-ctx
- * without LongRoPE's factors; EXAONE 4's post norms and per-head q/k norms, its window and
- * pattern with --sliding-window. */
+ * chatglm, mistral3, exaone4, command-r, cohere2) write what llama.cpp's loader reads of
+ * them, and what llmsd loads: OLMo 2's post norms and whole q/k norms, no input norms;
+ * Granite MoE's router and merged experts, its shared expert with --shared-ffn alone;
+ * GLM-4's post norms and fused gate/up; ChatGLM's fused q/k/v with its bias; Ministral
+ * 3's YaRN over --rope-orig-ctx without LongRoPE's factors; EXAONE 4's post norms and
+ * per-head q/k norms, its window and pattern with --sliding-window; Cohere's attn_norm
+ * alone, the output tied. */
 static void small_arch_files(void)
 {
     const char *vocab = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
@@ -576,6 +577,11 @@ static void small_arch_files(void)
         {"exaone4", "--sliding-window 32",
          {"blk.3.post_ffw_norm.weight", "blk.3.attn_q_norm.weight", "blk.0.ffn_gate.weight"},
          {"blk.0.attn_norm.weight", "blk.0.ffn_norm.weight"}},
+        {"command-r", "", {"blk.3.attn_norm.weight", "blk.3.ffn_gate.weight", "output_norm.weight"},
+         {"blk.0.ffn_norm.weight", "output.weight"}},
+        {"cohere2", "--sliding-window 64",
+         {"blk.3.attn_norm.weight", "blk.0.attn_k.weight", "token_embd.weight"},
+         {"blk.0.ffn_norm.weight", "output.weight"}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char out[1100], args[4096], err[1024], e[ERR_MAX];
