@@ -281,7 +281,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
                                         "granite",  "qwen2moe", "qwen3moe", "olmoe",
                                         "gemma",    "gemma2",   "gemma3",   "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss"};
+                                        "gpt-oss", "starcoder2"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -468,6 +468,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe;
     bool olmoe = strcmp(p->arch, "olmoe") == 0, olmo2 = strcmp(p->arch, "olmo2") == 0;
     bool stablelm = strcmp(p->arch, "stablelm") == 0;
+    bool starcoder2 = strcmp(p->arch, "starcoder2") == 0;
+    bool layer_norm = stablelm || starcoder2; /* LayerNorms with biases */
     bool granitemoe = strcmp(p->arch, "granitemoe") == 0;
     bool phi3 = strcmp(p->arch, "phi3") == 0;
     bool granite = strcmp(p->arch, "granite") == 0 || granitemoe;
@@ -490,6 +492,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     if (!strcmp(p->arch, "smollm3"))
         rope_base = 5000000.0f, eps = 1e-6f;
     if (!strcmp(p->arch, "exaone")) /* EXAONE 3.5's */
+        rope_base = 1000000.0f, eps = 1e-5f;
+    if (starcoder2) /* StarCoder2-7B's rope_theta and norm_epsilon */
         rope_base = 1000000.0f, eps = 1e-5f;
 
     gguf_writer *w = gguf_writer_new();
@@ -532,7 +536,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd) < 0 ||
         gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)rope_dims) < 0 ||
         gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base) < 0 ||
-        gguf_writer_set_f32(w, stablelm ? KEY("attention.layer_norm_epsilon")
+        gguf_writer_set_f32(w, layer_norm ? KEY("attention.layer_norm_epsilon")
                                         : KEY("attention.layer_norm_rms_epsilon"), eps) < 0 ||
         (p->pooling_type &&
          gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0) ||
@@ -615,7 +619,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
           s_ff = 1.0f / sqrtf((float)p->n_ff);
     ADD("token_embd.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     ADD("output_norm.weight", 1, p->dim, 1, 0.1f, 1.0f);
-    if (stablelm) /* its LayerNorms have biases */
+    if (layer_norm) /* its LayerNorms have biases */
         ADD("output_norm.bias", 1, p->dim, 1, 0.1f, 0.0f);
     if (!p->tie_output && !gemma) {
         ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
@@ -630,7 +634,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
 #define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
         if (!olmo2) /* OLMo 2 normalizes its sublayers' outputs, not their inputs */
             ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        if (stablelm)
+        if (layer_norm)
             ADD(N("attn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
         if (phi3) {
             ADD(N("attn_qkv.weight"), 2, p->dim, q_dim + 2 * kv_dim, s_dim, 0.0f);
@@ -639,7 +643,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
             ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
         }
-        if (qwen2 || gptoss || stablelm) { /* StableLM 2 1.6B's q/k/v biases */
+        if (qwen2 || gptoss || layer_norm) { /* StableLM 2 1.6B's q/k/v biases, StarCoder2's */
             ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
@@ -665,8 +669,16 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (!olmo2 && !gptoss)
             ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        if (stablelm)
+        if (layer_norm)
             ADD(N("ffn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
+        if (starcoder2) { /* Starcoder2MLP: c_fc (ffn_up), c_proj (ffn_down), no gate */
+            ADD(N("attn_output.bias"), 1, p->dim, 1, 0.1f, 0.0f);
+            ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
+            ADD(N("ffn_up.bias"), 1, p->n_ff, 1, 0.1f, 0.0f);
+            ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
+            ADD(N("ffn_down.bias"), 1, p->dim, 1, 0.1f, 0.0f);
+            continue;
+        }
         if (phi3) { /* the gate's rows, then the up's, as Phi3MLP chunks them */
             ADD(N("ffn_up.weight"), 2, p->dim, 2 * p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);

@@ -53,7 +53,9 @@ typedef struct modelgen_params {
      * tensor's or key's: llama.cpp and llmsd know them by the architecture), "exaone"
      * (llama's tensors, computed with NEOX RoPE: its converter does not permute q and k),
      * "stablelm" (StableLM 2 1.6B's layout: LayerNorms with biases, q/k/v biases, a
-     * quarter of each head rotated unless rope_dims says otherwise), "gpt-oss" (below),
+     * quarter of each head rotated unless rope_dims says otherwise), "starcoder2"
+     * (StarCoder2's layout: LayerNorms with biases, q/k/v/o biases, ffn_up and ffn_down
+     * with biases and no ffn_gate), "gpt-oss" (below),
      * "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The
      * Gemma family as llama.cpp's converter writes it: norm weights near 1 (the
      * converter's +1 already added), no output.weight (llama.cpp reads the token

@@ -80,6 +80,9 @@ typedef struct model_layer {
     const float *gate_exps_b; /* (n_expert, n_ff_exp) */
     const float *up_exps_b;   /* (n_expert, n_ff_exp) */
     const float *down_exps_b; /* (n_expert, dim) */
+    /* starcoder2 (NULL for the others; its attn_output.bias is bo above) */
+    const float *b_up;       /* (n_ff) ffn_up.bias */
+    const float *b_down;     /* (dim) ffn_down.bias */
 } model_layer;
 
 struct model {
@@ -125,6 +128,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_SMOLLM3] = "smollm3",
     [MODEL_ARCH_EXAONE] = "exaone",
     [MODEL_ARCH_STABLELM] = "stablelm",
+    [MODEL_ARCH_STARCODER2] = "starcoder2",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -467,6 +471,29 @@ static int model_read_stablelm(const gguf_file *g, const char *arch, model_hpara
     return 0;
 }
 
+/*
+ * StarCoder2 (starcoder2: StarCoder2 3B/7B/15B), as llama.cpp reads it and HF's
+ * Starcoder2ForCausalLM computes it: LayerNorms with biases before each sublayer and at
+ * the output, epsilon attention.layer_norm_epsilon (required, as llama.cpp requires it),
+ * NEOX RoPE (its converter stores q and k as HF has them), and Starcoder2MLP: c_proj of
+ * gelu_pytorch_tanh of c_fc, both with biases, no gate. HF masks attention beyond its
+ * sliding_window (4096 of the published models' 16384); llama.cpp's converter writes no
+ * window and llama.cpp attends to every entry, as this engine does: the two agree up to
+ * 4096 tokens.
+ */
+static int model_read_starcoder2(const gguf_file *g, const char *arch, model_hparams *hp,
+                                 char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_STARCODER2)
+        return 0;
+    hp->norm = MODEL_NORM_LAYER;
+    hp->ffn_act = MODEL_FFN_GELU_TANH_UNGATED;
+    if (model_require(g, arch, "attention.layer_norm_epsilon", err) < 0 ||
+        model_get_float(g, arch, "attention.layer_norm_epsilon", 1e-5f, &hp->norm_eps, err) < 0)
+        return -1;
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -554,7 +581,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     hp->ffn_act = MODEL_FFN_SILU;
     hp->pre_norms = true;
     if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_gptoss(m->g, arch, hp, err) < 0 ||
-        model_read_olmo2(m->g, arch, hp, err) < 0 || model_read_stablelm(m->g, arch, hp, err) < 0)
+        model_read_olmo2(m->g, arch, hp, err) < 0 || model_read_stablelm(m->g, arch, hp, err) < 0 ||
+        model_read_starcoder2(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -725,6 +753,15 @@ static size_t model_gptoss_vecs(const model_hparams *hp)
     return per_layer * (size_t)hp->n_layer;
 }
 
+/* The f32 values starcoder2's biases take beyond its q/k/v ones: attn_output's, ffn_up's
+ * and ffn_down's of each layer. */
+static size_t model_starcoder2_vecs(const model_hparams *hp)
+{
+    if (hp->arch != MODEL_ARCH_STARCODER2)
+        return 0;
+    return (2 * (size_t)hp->dim + (size_t)hp->n_ff) * (size_t)hp->n_layer;
+}
+
 /* gpt-oss's tensors of layer l beyond llama's with experts (its q/k/v biases are qwen2's):
  * the attention sinks (attn_sinks.weight, one per head: a file without them would be
  * another model), the attention output's bias, the router's bias and each expert's
@@ -808,7 +845,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
 
     m->vecs_cap = 2 * (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
                   (size_t)hp->n_layer * (4 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim) +
-                  model_gptoss_vecs(hp);
+                  model_gptoss_vecs(hp) + model_starcoder2_vecs(hp);
     m->vecs = malloc(m->vecs_cap * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->vecs || !m->layers)
@@ -837,6 +874,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     bool qk_norm = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
                    hp->arch == MODEL_ARCH_GEMMA3;
     bool fused = hp->arch == MODEL_ARCH_PHI3;
+    bool starcoder2 = hp->arch == MODEL_ARCH_STARCODER2;
+    bool gated = hp->ffn_act != MODEL_FFN_GELU_TANH_UNGATED;
     for (int l = 0; l < hp->n_layer; l++) {
         model_layer *L = &m->layers[l];
         char name[96];
@@ -876,15 +915,15 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
                    model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim, &L->wk, err) < 0 ||
                    model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim, &L->wv, err) < 0 ||
                    (hp->n_expert ? model_load_experts(m, L, l, err) < 0
-                                 : model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff, hp->dim,
-                                                &L->w_gate, err) < 0 ||
+                                 : (gated && model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff,
+                                                          hp->dim, &L->w_gate, err) < 0) ||
                                        model_matrix(m, NAME("ffn_up.weight"), hp->n_ff, hp->dim,
                                                     &L->w_up, err) < 0 ||
                                        model_matrix(m, NAME("ffn_down.weight"), hp->dim,
                                                     hp->n_ff, &L->w_down, err) < 0))
             return -1;
         /* StableLM 2 1.6B has q/k/v biases, StableLM-3B-4E1T none: all three or none */
-        bool biases = qwen2 || (hp->arch == MODEL_ARCH_STABLELM &&
+        bool biases = qwen2 || starcoder2 || (hp->arch == MODEL_ARCH_STABLELM &&
                                 (gguf_find_tensor(m->g, NAME("attn_q.bias")) ||
                                  gguf_find_tensor(m->g, NAME("attn_k.bias")) ||
                                  gguf_find_tensor(m->g, NAME("attn_v.bias"))));
@@ -903,6 +942,13 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
              model_vector(m, NAME("attn_k_norm.weight"), kv_dim, &L->extras.k_norm_all, err) < 0))
             return -1;
         if (gptoss && model_load_gptoss(m, L, l, err) < 0)
+            return -1;
+        /* every Linear of Starcoder2 has a bias (use_bias, as the published models and
+         * llama.cpp's loader have them) */
+        if (starcoder2 &&
+            (model_vector(m, NAME("attn_output.bias"), hp->dim, &L->bo, err) < 0 ||
+             model_vector(m, NAME("ffn_up.bias"), hp->n_ff, &L->b_up, err) < 0 ||
+             model_vector(m, NAME("ffn_down.bias"), hp->dim, &L->b_down, err) < 0))
             return -1;
         if (hp->post_norms &&
             (model_vector(m, NAME("post_attention_norm.weight"), hp->dim, &L->attn_post_norm,
@@ -2028,15 +2074,20 @@ static void model_attention(model_runner *r, model_step *s)
     }
 }
 
+/* r->gate's rows (n_ff each) = the activation of gate times up, or (ungated) of up's
+ * product and bias, which the ungated feed-forward writes where the gate's goes. */
 static void model_ffn_act_job(void *p, int ith, int nth)
 {
     model_step *s = p;
     int n_ff = s->r->m->hp.n_ff;
     bool gelu = s->r->m->hp.ffn_act == MODEL_FFN_GELU_TANH;
+    bool ungated = s->r->m->hp.ffn_act == MODEL_FFN_GELU_TANH_UNGATED;
     long b, e;
     tp_split(s->n, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
-        if (gelu)
+        if (ungated)
+            ops_gelu_tanh_bias(s->r->gate + t * n_ff, s->L->b_up, n_ff);
+        else if (gelu)
             ops_gelu_tanh_mul(s->r->gate + t * n_ff, s->r->up + t * n_ff, n_ff);
         else
             ops_silu_mul(s->r->gate + t * n_ff, s->r->up + t * n_ff, n_ff);
@@ -2452,15 +2503,20 @@ static void model_forward_rows(model_runner *r, int n_parts)
         if (hp->n_expert) {
             model_moe(r, L, n);
         } else {
-            const ops_matrix *gate_up[] = {&L->w_gate, &L->w_up};
+            /* starcoder2's ungated feed-forward: up's product alone, into r->gate */
+            bool gated = hp->ffn_act != MODEL_FFN_GELU_TANH_UNGATED;
+            const ops_matrix *gate_up[] = {gated ? &L->w_gate : &L->w_up, &L->w_up};
             float *gate_up_out[] = {r->gate, r->up};
-            ops_matmul_n(r->pool, 2, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
-            const int gate_up_slots[] = {LORA_SLOT(l, LORA_GATE), LORA_SLOT(l, LORA_UP)};
-            model_lora_add(r, n_parts, 2, gate_up_slots, r->xn, gate_up_out);
+            ops_matmul_n(r->pool, gated ? 2 : 1, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
+            const int gate_up_slots[] = {LORA_SLOT(l, gated ? LORA_GATE : LORA_UP),
+                                         LORA_SLOT(l, LORA_UP)};
+            model_lora_add(r, n_parts, gated ? 2 : 1, gate_up_slots, r->xn, gate_up_out);
             model_run(r, model_ffn_act_job, &s);
             ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
             const int down_slot = LORA_SLOT(l, LORA_DOWN);
             model_lora_add(r, n_parts, 1, &down_slot, r->gate, &r->proj);
+            for (int t = 0; L->b_down && t < n; t++)
+                ops_add(r->proj + (size_t)t * dim, L->b_down, dim);
         }
         if (L->ffn_post_norm) {
             s.norm_w = L->ffn_post_norm;

@@ -22,7 +22,9 @@
  * "smollm3" (SmolLM3: llama with no RoPE on every fourth layer, model_layer_rotates);
  * "exaone" (EXAONE 3.0/3.5: llama's tensors, NEOX RoPE); "stablelm" (StableLM, StableLM 2
  * 1.6B/3B: LayerNorms with biases, partial NEOX rotary, q/k/v biases where the file has
- * them); OpenAI's "gpt-oss" (gpt-oss-20b/120b in llama.cpp's layout): q/k/v/o with biases,
+ * them); "starcoder2" (StarCoder2 3B/7B/15B: LayerNorms with biases, q/k/v/o with biases,
+ * NEOX RoPE, a non-gated feed-forward of ffn_up and ffn_down with biases through gelu's
+ * tanh form); OpenAI's "gpt-oss" (gpt-oss-20b/120b in llama.cpp's layout): q/k/v/o with biases,
  * NEOX RoPE with YaRN, attention sinks (one learned logit per head in every softmax's
  * denominator), a sliding window on the even layers, and experts with biases (router
  * included) and OpenAI's clamped SwiGLU, routed by softmax over the top k of the router's
@@ -63,6 +65,7 @@ enum model_arch {
     MODEL_ARCH_SMOLLM3,
     MODEL_ARCH_EXAONE,
     MODEL_ARCH_STABLELM,
+    MODEL_ARCH_STARCODER2,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -72,11 +75,13 @@ const char *model_arch_name(enum model_arch a);
  * decoder does not run. */
 int model_arch_from_name(const char *name, size_t len);
 
-/* The feed-forward activation of gate, multiplied by up. */
+/* The feed-forward activation of gate, multiplied by up (but for the ungated one). */
 enum model_ffn_act {
     MODEL_FFN_SILU,      /* SwiGLU: silu(gate) * up (llama, qwen) */
     MODEL_FFN_GELU_TANH, /* GeGLU: gelu(gate) * up, gelu's tanh approximation (gemma) */
     MODEL_FFN_SWIGLU_OAI, /* gpt-oss's experts: ops_swiglu_oai, clamped at 7 */
+    MODEL_FFN_GELU_TANH_UNGATED, /* no gate: gelu(up + ffn_up.bias), tanh form, then down +
+                                    ffn_down.bias (starcoder2) */
 };
 
 /* The sublayers' and the output's norm. */

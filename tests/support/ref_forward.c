@@ -39,6 +39,13 @@
  * every norm, q/k/v biases where use_qkv_bias, and rotate_half RoPE over the first
  * partial_rotary_factor of each head, computed here as qwen2's.
  *
+ * StarCoder2 (modeling_starcoder2: Starcoder2DecoderLayer, Starcoder2Attention,
+ * Starcoder2MLP) is StableLM's layer (nn.LayerNorm with bias, eps norm_epsilon) with
+ * use_bias's biases on q/k/v and o_proj, rotate_half RoPE over the whole head, and an
+ * ungated MLP: c_proj(gelu_pytorch_tanh(c_fc(x))), both Linear with bias (the GGUF's
+ * ffn_up and ffn_down). Its sliding_window mask (4096) is not computed: the tests' prompts
+ * are far shorter.
+ *
  * EXAONE (modeling_exaone: ExaoneAttention, ExaoneGatedMLP) is llama's layer with HF's
  * rotate_half RoPE on q and k as they are in the file (its converter does not permute them
  * into interleaved pairs, as it does llama's), computed here as qwen's.
@@ -83,6 +90,9 @@ typedef struct ref_layer {
     double *router_b;                 /* (n_expert) */
     double *gate_b, *up_b;            /* (n_expert, n_ff_exp) */
     double *down_b;                   /* (n_expert, dim) */
+    /* StarCoder2's Starcoder2MLP biases (o_proj's is bo above), else NULL */
+    double *c_fc_b;                   /* (n_ff) ffn_up.bias */
+    double *c_proj_b;                 /* (dim) ffn_down.bias */
 } ref_layer;
 
 /* the architectures whose attention and feed-forward differ; a mixture of experts is its
@@ -100,7 +110,9 @@ struct ref_model {
                            projections */
     bool olmo2;         /* Olmo2DecoderLayer: no input norms (attn_norm, ffn_norm absent) */
     int no_rope_interval; /* SmolLM3: layers with (l + 1) % it == 0 have no RoPE; 0: none */
-    bool layer_norm;    /* StableLM: nn.LayerNorm (with bias) where the others have RMSNorm */
+    bool layer_norm;    /* StableLM, StarCoder2: nn.LayerNorm (with bias) where the others
+                           have RMSNorm */
+    bool ungated;       /* StarCoder2: c_proj(gelu_tanh(c_fc(x))), no gate */
     int *routes; /* ref_model_record_routes's, or NULL */
     double rope_base, eps;
     double *long_factor, *short_factor; /* phi3 LongRoPE (rotary_dim / 2) or NULL */
@@ -228,7 +240,7 @@ ref_model *ref_model_load(const gguf_file *g)
                                         "granite", "gemma",   "gemma2",   "gemma3",
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss"};
+                                        "gpt-oss", "starcoder2"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -243,15 +255,18 @@ ref_model *ref_model_load(const gguf_file *g)
     bool qwen2moe = !strcmp(arch, "qwen2moe"), olmoe = !strcmp(arch, "olmoe");
     bool granitemoe = !strcmp(arch, "granitemoe");
     m->gptoss = !strcmp(arch, "gpt-oss");
+    /* StarCoder2's attention is qwen2's too (biases, halves), its norms StableLM's */
+    m->ungated = !strcmp(arch, "starcoder2");
     m->arch = ai <= REF_GEMMA3                                     ? ai
               : granitemoe                                         ? REF_GRANITE
               : !strcmp(arch, "smollm3")                           ? REF_LLAMA
               : qwen2moe || m->gptoss || !strcmp(arch, "stablelm") ? REF_QWEN2
+              : m->ungated                                         ? REF_QWEN2
                                                                    : REF_QWEN3;
     m->olmo2 = !strcmp(arch, "olmo2");
     /* SmolLM3Config's no_rope_layers default: use_rope = (layer_idx + 1) % 4 != 0 */
     m->no_rope_interval = !strcmp(arch, "smollm3") ? 4 : 0;
-    m->layer_norm = !strcmp(arch, "stablelm");
+    m->layer_norm = !strcmp(arch, "stablelm") || m->ungated;
     m->qk_norm_whole = olmoe || m->olmo2;
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
@@ -370,16 +385,22 @@ ref_model *ref_model_load(const gguf_file *g)
             }
         } else {
             if (m->arch != REF_PHI3) {
-                L->gate = T("ffn_gate.weight");
+                L->gate = m->ungated ? NULL : T("ffn_gate.weight");
                 L->up = T("ffn_up.weight");
             }
             L->down = T("ffn_down.weight");
+        }
+        if (m->ungated) {
+            L->bo = T("attn_output.bias");
+            L->c_fc_b = T("ffn_up.bias");
+            L->c_proj_b = T("ffn_down.bias");
         }
 #undef T
         bool ffn = m->n_expert ? L->router && L->gate_exps && L->up_exps && L->down_exps &&
                                      (!qwen2moe || L->shexp_gate) &&
                                      (!m->n_ff_shexp || (L->gate && L->up && L->down))
-                               : L->gate && L->up && L->down;
+                   : m->ungated ? L->up && L->down && L->c_fc_b && L->c_proj_b
+                                : L->gate && L->up && L->down;
         /* OLMo 2's post norms are computed where the file has them, as Gemma's */
         bool norms = m->olmo2 ? L->q_norm && L->k_norm : L->attn_norm && L->ffn_norm;
         norms = norms && (!m->layer_norm || (L->attn_norm_b && L->ffn_norm_b));
@@ -406,7 +427,8 @@ void ref_model_free(ref_model *m)
                          L->k_norm,    L->gate,     L->up,        L->down,    L->router,
                          L->gate_exps, L->up_exps,  L->down_exps, L->shexp_gate, L->post_attn,
                          L->post_ffn,  L->attn_norm_b, L->ffn_norm_b, L->sinks, L->bo,
-                         L->router_b,  L->gate_b,   L->up_b,      L->down_b};
+                         L->router_b,  L->gate_b,   L->up_b,      L->down_b,  L->c_fc_b,
+                         L->c_proj_b};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]);
     }
@@ -542,6 +564,17 @@ static void ref_mlp(const ref_model *m, double *y, const double *xn, const doubl
                           * u[i]
                     : g[i] / (1 + exp(-g[i])) * u[i];
     ref_matvec(y, down, g, NULL, m->dim, ff);
+}
+
+/* y (dim) = Starcoder2MLP of xn (dim): c_proj(gelu_pytorch_tanh(c_fc(xn))), u holding
+ * n_ff doubles. */
+static void ref_ungated_mlp(const ref_model *m, const ref_layer *L, double *y, const double *xn,
+                            double *u)
+{
+    ref_matvec(u, L->up, xn, L->c_fc_b, m->n_ff, m->dim);
+    for (int i = 0; i < m->n_ff; i++)
+        u[i] = 0.5 * u[i] * (1 + tanh(sqrt(2 / M_PI) * (u[i] + 0.044715 * u[i] * u[i] * u[i])));
+    ref_matvec(y, L->down, u, L->c_proj_b, m->dim, m->n_ff);
 }
 
 /* y (dim) = GptOssMLP of xn (dim): GptOssTopKRouter, then GptOssExperts; g and u hold
@@ -744,6 +777,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 ref_gptoss_moe(m, L, tmp, xn, tmp2, g, u, route);
             else if (m->n_expert)
                 ref_moe(m, L, tmp, xn, tmp2, g, u, route);
+            else if (m->ungated)
+                ref_ungated_mlp(m, L, tmp, xn, u);
             else
                 ref_mlp(m, tmp, xn, L->gate, L->up, L->down, m->n_ff, g, u);
             if (L->post_ffn)
