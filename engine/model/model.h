@@ -87,7 +87,8 @@ enum model_ffn_act {
 /* The sublayers' and the output's norm. */
 enum model_norm {
     MODEL_NORM_RMS,   /* x / rms(x) * w */
-    MODEL_NORM_LAYER, /* (x - mean) / std * w + b, LayerNorm with bias (stablelm) */
+    MODEL_NORM_LAYER, /* (x - mean) / std * w + b, LayerNorm with bias (stablelm,
+                         starcoder2) */
 };
 
 /* How RoPE pairs up dimensions within a head. */
