@@ -96,20 +96,24 @@ static int rewrite(const char *src, const char *dst, const char *const *drop,
         if (!drop_key || !gguf_str_eq(k, drop_key))
             rc = gguf_writer_copy_kv(w, g, i);
     }
-    void *zeros = NULL;
+    /* the writer reads each tensor's data when it writes: one buffer of zeros as large as
+     * the largest tensor serves every zeroed one */
+    size_t largest = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        size_t bytes = quant_row_bytes(t->type, t->ne[0]) * (size_t)(t->ne[1] * t->ne[2]);
+        largest = bytes > largest ? bytes : largest;
+    }
+    void *zeros = calloc(1, largest);
+    if (!zeros)
+        rc = -1;
     for (int64_t i = 0; i < gguf_n_tensors(g) && rc == 0; i++) {
         const gguf_tensor *t = gguf_tensor_at(g, i);
         char name[128];
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        if (listed(drop, name))
-            continue;
-        const void *data = t->data;
-        if (listed(zero, name)) {
-            free(zeros);
-            zeros = calloc(1, quant_row_bytes(t->type, t->ne[0]) * (size_t)(t->ne[1] * t->ne[2]));
-            data = zeros;
-        }
-        rc = data ? gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne, data) : -1;
+        if (!listed(drop, name))
+            rc = gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne,
+                                        listed(zero, name) ? zeros : t->data);
     }
     if (rc == 0)
         rc = gguf_writer_write(w, dst, err);
