@@ -401,7 +401,7 @@ static int probe(models_entry *e, char err[ERR_MAX])
             rc = err_set(err, "%s: architecture '%s' is none this llmsd serves (llama, qwen2, "
                               "qwen3, phi3, granite, qwen2moe, qwen3moe, olmoe, gemma, gemma2, "
                               "gemma3, olmo2, granitemoe, smollm3, exaone, stablelm, gpt-oss, "
-                              "starcoder2, bert, nomic-bert)", e->path, e->arch);
+                              "starcoder2, phi2, bert, nomic-bert)", e->path, e->arch);
     }
     if (rc == 0 && check_shapes(g, e->type, why) < 0)
         rc = err_set(err, "%s: %s", e->path, why);

@@ -281,7 +281,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
                                         "granite",  "qwen2moe", "qwen3moe", "olmoe",
                                         "gemma",    "gemma2",   "gemma3",   "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss", "starcoder2"};
+                                        "gpt-oss", "starcoder2", "phi2"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -468,8 +468,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe;
     bool olmoe = strcmp(p->arch, "olmoe") == 0, olmo2 = strcmp(p->arch, "olmo2") == 0;
     bool stablelm = strcmp(p->arch, "stablelm") == 0;
-    bool starcoder2 = strcmp(p->arch, "starcoder2") == 0;
-    bool layer_norm = stablelm || starcoder2; /* LayerNorms with biases */
+    bool starcoder2 = strcmp(p->arch, "starcoder2") == 0, phi2 = strcmp(p->arch, "phi2") == 0;
+    bool layer_norm = stablelm || starcoder2 || phi2; /* LayerNorms with biases */
     bool granitemoe = strcmp(p->arch, "granitemoe") == 0;
     bool phi3 = strcmp(p->arch, "phi3") == 0;
     bool granite = strcmp(p->arch, "granite") == 0 || granitemoe;
@@ -478,6 +478,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool gptoss = strcmp(p->arch, "gpt-oss") == 0;
     /* StableLM's partial_rotary_factor 0.25 */
     int rope_dims = p->rope_dims ? p->rope_dims : stablelm ? (hd / 4 + 1) / 2 * 2 : hd;
+    /* Phi-2's partial_rotary_factor 0.4, as its converter rounds it (32 of 80) */
+    if (phi2 && !p->rope_dims)
+        rope_dims = (int)(0.4 * p->dim) / p->n_head / 2 * 2;
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
     int ff_shexp = p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
     /* Granite MoE Shared's shared expert only when asked for */
@@ -621,9 +624,11 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     ADD("output_norm.weight", 1, p->dim, 1, 0.1f, 1.0f);
     if (layer_norm) /* its LayerNorms have biases */
         ADD("output_norm.bias", 1, p->dim, 1, 0.1f, 0.0f);
-    if (!p->tie_output && !gemma) {
+    if ((!p->tie_output && !gemma) || phi2) {
         ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     }
+    if (phi2) /* lm_head's bias */
+        ADD("output.bias", 1, n_vocab, 1, 0.1f, 0.0f);
     /* Phi-3-mini-128k's short factors are 1 to ~3, its long ones 1 to ~50 */
     if (p->rope_orig_ctx) {
         ADD("rope_factors_long.weight", 1, rope_dims / 2, 1, 1.5f, 4.0f);
@@ -643,7 +648,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
             ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
         }
-        if (qwen2 || gptoss || layer_norm) { /* StableLM 2 1.6B's q/k/v biases, StarCoder2's */
+        if (qwen2 || gptoss || layer_norm) { /* StableLM 2 1.6B's q/k/v biases, StarCoder2's,
+                                                Phi-2's */
             ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
@@ -667,11 +673,12 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         }
         if (gemma2 || gemma3 || olmo2)
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        if (!olmo2 && !gptoss)
+        if (!olmo2 && !gptoss && !phi2) /* Phi-2's MLP reads the attention's input norm */
             ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        if (layer_norm)
+        if (layer_norm && !phi2)
             ADD(N("ffn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
-        if (starcoder2) { /* Starcoder2MLP: c_fc (ffn_up), c_proj (ffn_down), no gate */
+        /* Starcoder2MLP: c_fc (ffn_up), c_proj (ffn_down), no gate; PhiMLP's fc1, fc2 */
+        if (starcoder2 || phi2) {
             ADD(N("attn_output.bias"), 1, p->dim, 1, 0.1f, 0.0f);
             ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_up.bias"), 1, p->n_ff, 1, 0.1f, 0.0f);

@@ -80,7 +80,7 @@ typedef struct model_layer {
     const float *gate_exps_b; /* (n_expert, n_ff_exp) */
     const float *up_exps_b;   /* (n_expert, n_ff_exp) */
     const float *down_exps_b; /* (n_expert, dim) */
-    /* starcoder2 (NULL for the others; its attn_output.bias is bo above) */
+    /* starcoder2, phi2 (NULL for the others; their attn_output.bias is bo above) */
     const float *b_up;       /* (n_ff) ffn_up.bias */
     const float *b_down;     /* (dim) ffn_down.bias */
 } model_layer;
@@ -94,6 +94,7 @@ struct model {
     ops_matrix output;       /* (n_vocab, dim); tok_embd when the file ties them */
     const float *output_norm; /* (dim) */
     const float *output_norm_b; /* (dim) LayerNorm's bias (stablelm), or NULL */
+    const float *output_b;   /* (n_vocab) output.bias (phi2), or NULL */
     const float *rope_freqs; /* (rope_dims/2) RoPE frequency divisors, or NULL */
     const float *rope_long;  /* (rope_dims/2) LongRoPE divisors beyond rope_orig_ctx, or NULL */
     const float *rope_short; /* (rope_dims/2) LongRoPE divisors within it, or NULL */
@@ -129,6 +130,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_EXAONE] = "exaone",
     [MODEL_ARCH_STABLELM] = "stablelm",
     [MODEL_ARCH_STARCODER2] = "starcoder2",
+    [MODEL_ARCH_PHI2] = "phi2",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -494,6 +496,28 @@ static int model_read_starcoder2(const gguf_file *g, const char *arch, model_hpa
     return 0;
 }
 
+/*
+ * Phi-2 (phi2), as llama.cpp reads it and HF's PhiForCausalLM computes it: one LayerNorm
+ * with bias (input_layernorm, epsilon attention.layer_norm_epsilon, required) whose output
+ * both the attention and PhiMLP read, their outputs added to the residual together
+ * (parallel_ffn); PhiMLP is fc2(gelu_new(fc1 x)), starcoder2's ungated feed-forward;
+ * partial NEOX rotary over rope.dimension_count (32 of Phi-2's 80); the final LayerNorm
+ * and lm_head with its bias.
+ */
+static int model_read_phi2(const gguf_file *g, const char *arch, model_hparams *hp,
+                           char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_PHI2)
+        return 0;
+    hp->norm = MODEL_NORM_LAYER;
+    hp->ffn_act = MODEL_FFN_GELU_TANH_UNGATED;
+    hp->parallel_ffn = true;
+    if (model_require(g, arch, "attention.layer_norm_epsilon", err) < 0 ||
+        model_get_float(g, arch, "attention.layer_norm_epsilon", 1e-5f, &hp->norm_eps, err) < 0)
+        return -1;
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -582,7 +606,7 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     hp->pre_norms = true;
     if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_gptoss(m->g, arch, hp, err) < 0 ||
         model_read_olmo2(m->g, arch, hp, err) < 0 || model_read_stablelm(m->g, arch, hp, err) < 0 ||
-        model_read_starcoder2(m->g, arch, hp, err) < 0)
+        model_read_starcoder2(m->g, arch, hp, err) < 0 || model_read_phi2(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -753,13 +777,14 @@ static size_t model_gptoss_vecs(const model_hparams *hp)
     return per_layer * (size_t)hp->n_layer;
 }
 
-/* The f32 values starcoder2's biases take beyond its q/k/v ones: attn_output's, ffn_up's
- * and ffn_down's of each layer. */
+/* The f32 values starcoder2's and phi2's biases take beyond their q/k/v ones:
+ * attn_output's, ffn_up's and ffn_down's of each layer, and phi2's output.bias. */
 static size_t model_starcoder2_vecs(const model_hparams *hp)
 {
-    if (hp->arch != MODEL_ARCH_STARCODER2)
+    if (hp->arch != MODEL_ARCH_STARCODER2 && hp->arch != MODEL_ARCH_PHI2)
         return 0;
-    return (2 * (size_t)hp->dim + (size_t)hp->n_ff) * (size_t)hp->n_layer;
+    return (2 * (size_t)hp->dim + (size_t)hp->n_ff) * (size_t)hp->n_layer +
+           (hp->arch == MODEL_ARCH_PHI2 ? (size_t)hp->n_vocab : 0);
 }
 
 /* gpt-oss's tensors of layer l beyond llama's with experts (its q/k/v biases are qwen2's):
@@ -795,6 +820,31 @@ static int model_fused(const model *m, const char *name, int64_t rows, const cha
                             "its rows must add up to %s", name, (long long)t->ne[0],
                        (long long)t->ne[1], t->n_dims, m->hp.dim, (long long)rows, what);
     return model_matrix(m, name, rows, m->hp.dim, out, err);
+}
+
+/* Phi-2's q, k and v of layer l as older conversions store them (HF's Wqkv): one attn_qkv
+ * matrix and its bias, read as views of their rows (phi3's way), q's first. */
+static int model_load_phi2_qkv(model *m, model_layer *L, int l, char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    ops_matrix qkv;
+    const float *b;
+    if (model_fused(m, NAME("attn_qkv.weight"), q_dim + 2 * kv_dim,
+                    "n_head * head_dim + 2 * n_head_kv * head_dim (q, k, v)", &qkv, err) < 0 ||
+        model_vector(m, NAME("attn_qkv.bias"), q_dim + 2 * kv_dim, &b, err) < 0)
+        return -1;
+    L->wq = model_rows(&qkv, 0, q_dim);
+    L->wk = model_rows(&qkv, q_dim, kv_dim);
+    L->wv = model_rows(&qkv, q_dim + kv_dim, kv_dim);
+    L->extras.bq = b;
+    L->extras.bk = b + q_dim;
+    L->extras.bv = b + q_dim + kv_dim;
+    return 0;
+#undef NAME
 }
 
 /* LongRoPE (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini): rope_factors_long.weight and
@@ -862,7 +912,11 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         return -1;
     if (model_read_longrope(m, err) < 0)
         return -1;
-    if (gguf_find_tensor(m->g, "output.weight")) {
+    bool phi2 = hp->arch == MODEL_ARCH_PHI2;
+    /* Phi-2's lm_head has a bias: its own matrix, required (as llama.cpp requires it) */
+    if (phi2 && model_vector(m, "output.bias", hp->n_vocab, &m->output_b, err) < 0)
+        return -1;
+    if (phi2 || gguf_find_tensor(m->g, "output.weight")) {
         if (model_matrix(m, "output.weight", hp->n_vocab, hp->dim, &m->output, err) < 0)
             return -1;
     } else {
@@ -884,12 +938,14 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
              (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
               /* gpt-oss's converter names the feed-forward's norm after HF's
                * post_attention_layernorm */
-              model_vector(m, gptoss ? NAME("post_attention_norm.weight")
-                                     : NAME("ffn_norm.weight"),
-                           hp->dim, &L->ffn_norm, err) < 0)) ||
+              (!hp->parallel_ffn &&
+               model_vector(m, gptoss ? NAME("post_attention_norm.weight")
+                                      : NAME("ffn_norm.weight"),
+                            hp->dim, &L->ffn_norm, err) < 0))) ||
             (layer_norm &&
              (model_vector(m, NAME("attn_norm.bias"), hp->dim, &L->attn_norm_b, err) < 0 ||
-              model_vector(m, NAME("ffn_norm.bias"), hp->dim, &L->ffn_norm_b, err) < 0)) ||
+              (!hp->parallel_ffn &&
+               model_vector(m, NAME("ffn_norm.bias"), hp->dim, &L->ffn_norm_b, err) < 0))) ||
             model_matrix(m, NAME("attn_output.weight"), hp->dim, q_dim, &L->wo, err) < 0)
             return -1;
         /* StableLM 2 12B: per-head q/k LayerNorms and a parallel residual (no ffn_norm,
@@ -897,6 +953,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         if (hp->arch == MODEL_ARCH_STABLELM && gguf_find_tensor(m->g, NAME("attn_q_norm.weight")))
             return err_set(err, "tensor '%s': StableLM 2 12B's per-head q/k LayerNorms are not "
                                 "supported", name);
+        bool phi2_qkv = phi2 && gguf_find_tensor(m->g, NAME("attn_qkv.weight"));
         if (fused) {
             ops_matrix qkv, gate_up;
             if (model_fused(m, NAME("attn_qkv.weight"), q_dim + 2 * kv_dim,
@@ -911,9 +968,13 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
             L->wv = model_rows(&qkv, q_dim + kv_dim, kv_dim);
             L->w_gate = model_rows(&gate_up, 0, hp->n_ff);
             L->w_up = model_rows(&gate_up, hp->n_ff, hp->n_ff);
-        } else if (model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq, err) < 0 ||
-                   model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim, &L->wk, err) < 0 ||
-                   model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim, &L->wv, err) < 0 ||
+        } else if ((phi2_qkv ? model_load_phi2_qkv(m, L, l, err) < 0
+                             : model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq,
+                                            err) < 0 ||
+                                   model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim,
+                                                &L->wk, err) < 0 ||
+                                   model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim,
+                                                &L->wv, err) < 0) ||
                    (hp->n_expert ? model_load_experts(m, L, l, err) < 0
                                  : (gated && model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff,
                                                           hp->dim, &L->w_gate, err) < 0) ||
@@ -923,7 +984,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
                                                     hp->n_ff, &L->w_down, err) < 0))
             return -1;
         /* StableLM 2 1.6B has q/k/v biases, StableLM-3B-4E1T none: all three or none */
-        bool biases = qwen2 || starcoder2 || (hp->arch == MODEL_ARCH_STABLELM &&
+        bool biases = qwen2 || starcoder2 || (phi2 && !phi2_qkv) ||
+                      (hp->arch == MODEL_ARCH_STABLELM &&
                                 (gguf_find_tensor(m->g, NAME("attn_q.bias")) ||
                                  gguf_find_tensor(m->g, NAME("attn_k.bias")) ||
                                  gguf_find_tensor(m->g, NAME("attn_v.bias"))));
@@ -945,7 +1007,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
             return -1;
         /* every Linear of Starcoder2 has a bias (use_bias, as the published models and
          * llama.cpp's loader have them) */
-        if (starcoder2 &&
+        if ((starcoder2 || phi2) &&
             (model_vector(m, NAME("attn_output.bias"), hp->dim, &L->bo, err) < 0 ||
              model_vector(m, NAME("ffn_up.bias"), hp->n_ff, &L->b_up, err) < 0 ||
              model_vector(m, NAME("ffn_down.bias"), hp->dim, &L->b_down, err) < 0))
@@ -2374,6 +2436,8 @@ static void model_logits(model_runner *r, int n)
     if (contiguous) {
         ops_matmul(r->pool, &w->output, r->xn, n, r->out_dst[0], r->mm_scratch);
         model_lora_logits(r, 0, n, r->out_dst[0]);
+        for (int i = 0; w->output_b && i < n; i++)
+            ops_add(r->out_dst[0] + (size_t)i * nv, w->output_b, nv);
         if (inv != 1.0f)
             ops_scale(r->out_dst[0], inv, (size_t)n * nv);
         return;
@@ -2384,6 +2448,8 @@ static void model_logits(model_runner *r, int n)
         ops_matmul(r->pool, &w->output, r->xn + (size_t)i * dim, g, r->logits_stage,
                    r->mm_scratch);
         model_lora_logits(r, i, g, r->logits_stage);
+        for (int j = 0; w->output_b && j < g; j++)
+            ops_add(r->logits_stage + (size_t)j * nv, w->output_b, nv);
         if (inv != 1.0f)
             ops_scale(r->logits_stage, inv, (size_t)g * nv);
         for (int j = 0; j < g; j++)
@@ -2497,9 +2563,11 @@ static void model_forward_rows(model_runner *r, int n_parts)
         }
         model_residual(r->x, r->proj, hp->residual_scale, n * dim);
 
+        /* phi2: r->xn is still attn_norm's output, which its feed-forward reads */
         s.norm_w = L->ffn_norm;
         s.norm_b = L->ffn_norm_b;
-        model_run(r, model_norm_job, &s);
+        if (!hp->parallel_ffn)
+            model_run(r, model_norm_job, &s);
         if (hp->n_expert) {
             model_moe(r, L, n);
         } else {

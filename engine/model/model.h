@@ -24,7 +24,10 @@
  * 1.6B/3B: LayerNorms with biases, partial NEOX rotary, q/k/v biases where the file has
  * them); "starcoder2" (StarCoder2 3B/7B/15B: LayerNorms with biases, q/k/v/o with biases,
  * NEOX RoPE, a non-gated feed-forward of ffn_up and ffn_down with biases through gelu's
- * tanh form); OpenAI's "gpt-oss" (gpt-oss-20b/120b in llama.cpp's layout): q/k/v/o with biases,
+ * tanh form); "phi2" (Phi-2: one LayerNorm with bias before the attention and the
+ * feed-forward, which run side by side from it (parallel_ffn), starcoder2's biases and
+ * ungated feed-forward, partial NEOX rotary, an output bias; q/k/v as three matrices or
+ * one attn_qkv); OpenAI's "gpt-oss" (gpt-oss-20b/120b in llama.cpp's layout): q/k/v/o with biases,
  * NEOX RoPE with YaRN, attention sinks (one learned logit per head in every softmax's
  * denominator), a sliding window on the even layers, and experts with biases (router
  * included) and OpenAI's clamped SwiGLU, routed by softmax over the top k of the router's
@@ -66,6 +69,7 @@ enum model_arch {
     MODEL_ARCH_EXAONE,
     MODEL_ARCH_STABLELM,
     MODEL_ARCH_STARCODER2,
+    MODEL_ARCH_PHI2,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -81,7 +85,7 @@ enum model_ffn_act {
     MODEL_FFN_GELU_TANH, /* GeGLU: gelu(gate) * up, gelu's tanh approximation (gemma) */
     MODEL_FFN_SWIGLU_OAI, /* gpt-oss's experts: ops_swiglu_oai, clamped at 7 */
     MODEL_FFN_GELU_TANH_UNGATED, /* no gate: gelu(up + ffn_up.bias), tanh form, then down +
-                                    ffn_down.bias (starcoder2) */
+                                    ffn_down.bias (starcoder2, phi2) */
 };
 
 /* The sublayers' and the output's norm. */
@@ -162,6 +166,8 @@ typedef struct model_hparams {
                             (gemma2, gemma3, olmo2) */
     bool pre_norms;      /* attn_norm / ffn_norm of each sublayer's input: all but olmo2,
                             whose sublayers read the residual stream as it is */
+    bool parallel_ffn;   /* phi2: no ffn_norm; the feed-forward reads attn_norm's output, as
+                            the attention does, and both add to the same residual */
 } model_hparams;
 
 /* The sliding window of layer l: hp->swa_window for a sliding layer, 0 (the whole

@@ -1,8 +1,8 @@
 /*
  * llmsd serves a file of each of the smaller architectures (olmo2, granitemoe with a
- * shared expert, smollm3, exaone, stablelm, starcoder2): a random-weight model of each
- * (modelgen, 4 layers, F32) on the test data's llama SPM vocabulary; the daemon reports
- * the architecture and llama.cpp's /completion on token ids answers with the ids,
+ * shared expert, smollm3, exaone, stablelm, starcoder2, phi2): a random-weight model of
+ * each (modelgen, 4 layers, F32) on the test data's llama SPM vocabulary; the daemon
+ * reports the architecture and llama.cpp's /completion on token ids answers with the ids,
  * log-probabilities and runners-up of the engine's own greedy decode in this process (a
  * prompt of 24, 12 tokens decoded: smollm3's NoPE layer and granitemoe's experts on the
  * daemon's prefill and decode paths both). Skips without the vocabulary.
@@ -151,6 +151,13 @@ static void serves_starcoder2(void)
     serves(p);
 }
 
+static void serves_phi2(void)
+{
+    modelgen_params p = small("phi2");
+    p.n_ff = 512;
+    serves(p);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -165,5 +172,6 @@ int main(int argc, char **argv)
     RUN(serves_exaone);
     RUN(serves_stablelm);
     RUN(serves_starcoder2);
+    RUN(serves_phi2);
     return test_finish();
 }

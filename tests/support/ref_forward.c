@@ -46,6 +46,14 @@
  * ffn_up and ffn_down). Its sliding_window mask (4096) is not computed: the tests' prompts
  * are far shorter.
  *
+ * Phi-2 (modeling_phi: PhiDecoderLayer, PhiAttention, PhiMLP, PhiForCausalLM without
+ * qk_layernorm) reads one input_layernorm (nn.LayerNorm with bias) into both sublayers,
+ *     x = x + dense(attn(input_layernorm(x))) + mlp(input_layernorm(x))
+ * with q/k/v and dense (o_proj) biases, rotate_half RoPE over the first
+ * partial_rotary_factor of each head, mlp = fc2(gelu_new(fc1 x)) (StarCoder2's, gelu's tanh
+ * form), then final_layernorm and lm_head with its bias. Files converted from HF's older
+ * Wqkv hold q, k and v as one attn_qkv (q's rows first) and its bias, split here.
+ *
  * EXAONE (modeling_exaone: ExaoneAttention, ExaoneGatedMLP) is llama's layer with HF's
  * rotate_half RoPE on q and k as they are in the file (its converter does not permute them
  * into interleaved pairs, as it does llama's), computed here as qwen's.
@@ -112,7 +120,8 @@ struct ref_model {
     int no_rope_interval; /* SmolLM3: layers with (l + 1) % it == 0 have no RoPE; 0: none */
     bool layer_norm;    /* StableLM, StarCoder2: nn.LayerNorm (with bias) where the others
                            have RMSNorm */
-    bool ungated;       /* StarCoder2: c_proj(gelu_tanh(c_fc(x))), no gate */
+    bool ungated;       /* StarCoder2, Phi-2: c_proj(gelu_tanh(c_fc(x))), no gate */
+    bool parallel;      /* Phi-2: attention and MLP both from the input norm, one residual */
     int *routes; /* ref_model_record_routes's, or NULL */
     double rope_base, eps;
     double *long_factor, *short_factor; /* phi3 LongRoPE (rotary_dim / 2) or NULL */
@@ -129,6 +138,7 @@ struct ref_model {
     bool kv_f16;
     double *embd, *out, *out_norm;
     double *out_norm_b; /* (dim) StableLM's, or NULL */
+    double *out_b;      /* (n_vocab) Phi-2's lm_head bias, or NULL */
     ref_layer *layers;
 };
 
@@ -192,6 +202,21 @@ static void ref_split_phi3(const ref_model *m, ref_layer *L, double *qkv, double
     free(gate_up);
 }
 
+/* Phi-2's attn_qkv.bias (q's, then k's, then v's), copied apart; NULL frees nothing. */
+static void ref_split_qkv_bias(const ref_model *m, ref_layer *L, double *b)
+{
+    size_t qd = (size_t)m->n_head * m->head_dim, kvd = (size_t)m->n_kv_head * m->head_dim;
+    if (!b)
+        return;
+    L->bq = malloc(qd * sizeof(double));
+    L->bk = malloc(kvd * sizeof(double));
+    L->bv = malloc(kvd * sizeof(double));
+    memcpy(L->bq, b, qd * sizeof(double));
+    memcpy(L->bk, b + qd, kvd * sizeof(double));
+    memcpy(L->bv, b + qd + kvd, kvd * sizeof(double));
+    free(b);
+}
+
 /* gpt-oss's config from the GGUF: the window on the even layers (HF's layer_types alternate
  * from "sliding_attention"), and YaRN's inv_freq and attention factor as HF's
  * _compute_yarn_parameters computes them with truncate false. -1 when the file lacks
@@ -240,7 +265,7 @@ ref_model *ref_model_load(const gguf_file *g)
                                         "granite", "gemma",   "gemma2",   "gemma3",
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
-                                        "gpt-oss", "starcoder2"};
+                                        "gpt-oss", "starcoder2", "phi2"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -256,7 +281,8 @@ ref_model *ref_model_load(const gguf_file *g)
     bool granitemoe = !strcmp(arch, "granitemoe");
     m->gptoss = !strcmp(arch, "gpt-oss");
     /* StarCoder2's attention is qwen2's too (biases, halves), its norms StableLM's */
-    m->ungated = !strcmp(arch, "starcoder2");
+    m->parallel = !strcmp(arch, "phi2");
+    m->ungated = !strcmp(arch, "starcoder2") || m->parallel;
     m->arch = ai <= REF_GEMMA3                                     ? ai
               : granitemoe                                         ? REF_GRANITE
               : !strcmp(arch, "smollm3")                           ? REF_LLAMA
@@ -334,6 +360,7 @@ ref_model *ref_model_load(const gguf_file *g)
     m->out = gguf_find_tensor(g, "output.weight") ? ref_tensor(g, "output.weight", -1) : m->embd;
     m->out_norm = ref_tensor(g, "output_norm.weight", m->dim);
     m->out_norm_b = ref_tensor(g, "output_norm.bias", m->dim);
+    m->out_b = ref_tensor(g, "output.bias", m->n_vocab);
     m->layers = calloc((size_t)m->n_layer, sizeof *m->layers);
     for (int l = 0; l < m->n_layer; l++) {
         ref_layer *L = &m->layers[l];
@@ -390,6 +417,10 @@ ref_model *ref_model_load(const gguf_file *g)
             }
             L->down = T("ffn_down.weight");
         }
+        if (m->parallel && !L->wq) {
+            ref_split_phi3(m, L, T("attn_qkv.weight"), NULL);
+            ref_split_qkv_bias(m, L, T("attn_qkv.bias"));
+        }
         if (m->ungated) {
             L->bo = T("attn_output.bias");
             L->c_fc_b = T("ffn_up.bias");
@@ -404,6 +435,8 @@ ref_model *ref_model_load(const gguf_file *g)
         /* OLMo 2's post norms are computed where the file has them, as Gemma's */
         bool norms = m->olmo2 ? L->q_norm && L->k_norm : L->attn_norm && L->ffn_norm;
         norms = norms && (!m->layer_norm || (L->attn_norm_b && L->ffn_norm_b));
+        if (m->parallel) /* Phi-2 has no ffn_norm */
+            norms = L->attn_norm && L->attn_norm_b && !L->ffn_norm;
         if (!norms || !L->wq || !L->wk || !L->wv || !L->wo || !ffn) {
             ref_model_free(m);
             return NULL;
@@ -441,6 +474,7 @@ void ref_model_free(ref_model *m)
     free(m->embd);
     free(m->out_norm);
     free(m->out_norm_b);
+    free(m->out_b);
     free(m);
 }
 
@@ -764,10 +798,16 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             ref_matvec(tmp, L->wo, o, L->bo, dim, qd);
             if (L->post_attn)
                 ref_rmsnorm(tmp, tmp, L->post_attn, dim, m->eps);
+            if (m->parallel) { /* Phi-2: the MLP of the same input norm, added with it */
+                ref_norm(m, xn, x + (size_t)t * dim, L->attn_norm, L->attn_norm_b);
+                ref_ungated_mlp(m, L, tmp2, xn, u);
+                for (int i = 0; i < dim; i++)
+                    tmp[i] += tmp2[i];
+            }
             for (int i = 0; i < dim; i++)
                 x[(size_t)t * dim + i] += tmp[i] * m->residual_multiplier;
         }
-        for (int t = 0; t < n; t++) {
+        for (int t = 0; !m->parallel && t < n; t++) {
             if (m->olmo2)
                 memcpy(xn, x + (size_t)t * dim, (size_t)dim * sizeof(double));
             else
@@ -791,7 +831,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     }
     for (int t = 0; t < n; t++) {
         ref_norm(m, xn, x + (size_t)t * dim, m->out_norm, m->out_norm_b);
-        ref_matvec(logits + (size_t)t * m->n_vocab, m->out, xn, NULL, m->n_vocab, dim);
+        ref_matvec(logits + (size_t)t * m->n_vocab, m->out, xn, m->out_b, m->n_vocab, dim);
         for (int i = 0; i < m->n_vocab; i++) {
             double *z = &logits[(size_t)t * m->n_vocab + i];
             *z /= m->logits_scaling;
