@@ -779,7 +779,7 @@ static size_t model_gptoss_vecs(const model_hparams *hp)
 
 /* The f32 values starcoder2's and phi2's biases take beyond their q/k/v ones:
  * attn_output's, ffn_up's and ffn_down's of each layer, and phi2's output.bias. */
-static size_t model_starcoder2_vecs(const model_hparams *hp)
+static size_t model_linear_bias_vecs(const model_hparams *hp)
 {
     if (hp->arch != MODEL_ARCH_STARCODER2 && hp->arch != MODEL_ARCH_PHI2)
         return 0;
@@ -895,7 +895,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
 
     m->vecs_cap = 2 * (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
                   (size_t)hp->n_layer * (4 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim) +
-                  model_gptoss_vecs(hp) + model_starcoder2_vecs(hp);
+                  model_gptoss_vecs(hp) + model_linear_bias_vecs(hp);
     m->vecs = malloc(m->vecs_cap * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->vecs || !m->layers)
@@ -1005,8 +1005,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
             return -1;
         if (gptoss && model_load_gptoss(m, L, l, err) < 0)
             return -1;
-        /* every Linear of Starcoder2 has a bias (use_bias, as the published models and
-         * llama.cpp's loader have them) */
+        /* every Linear of Starcoder2 (use_bias, as the published models and llama.cpp's
+         * loader have them) and of Phi-2 has a bias */
         if ((starcoder2 || phi2) &&
             (model_vector(m, NAME("attn_output.bias"), hp->dim, &L->bo, err) < 0 ||
              model_vector(m, NAME("ffn_up.bias"), hp->n_ff, &L->b_up, err) < 0 ||
@@ -2571,7 +2571,8 @@ static void model_forward_rows(model_runner *r, int n_parts)
         if (hp->n_expert) {
             model_moe(r, L, n);
         } else {
-            /* starcoder2's ungated feed-forward: up's product alone, into r->gate */
+            /* starcoder2's and phi2's ungated feed-forward: up's product alone, into
+             * r->gate */
             bool gated = hp->ffn_act != MODEL_FFN_GELU_TANH_UNGATED;
             const ops_matrix *gate_up[] = {gated ? &L->w_gate : &L->w_up, &L->w_up};
             float *gate_up_out[] = {r->gate, r->up};
