@@ -284,7 +284,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
                                         "gemma",    "gemma2",   "gemma3",   "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
                                         "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
-                                        "command-r", "cohere2"};
+                                        "command-r", "cohere2", "starcoder2", "phi2"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -489,6 +489,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool stablelm = strcmp(p->arch, "stablelm") == 0;
     bool glm4 = strcmp(p->arch, "glm4") == 0, chatglm = strcmp(p->arch, "chatglm") == 0;
     bool glm = glm4 || chatglm; /* GLM-4's layers, ChatGLM's without the post norms */
+    bool starcoder2 = strcmp(p->arch, "starcoder2") == 0, phi2 = strcmp(p->arch, "phi2") == 0;
+    bool layer_norm = stablelm || starcoder2 || phi2; /* LayerNorms with biases */
     bool granitemoe = strcmp(p->arch, "granitemoe") == 0;
     bool phi3 = strcmp(p->arch, "phi3") == 0;
     bool granite = strcmp(p->arch, "granite") == 0 || granitemoe;
@@ -504,6 +506,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
                     : stablelm   ? (hd / 4 + 1) / 2 * 2
                     : glm        ? (hd / 2 + 1) / 2 * 2
                                  : hd;
+    /* Phi-2's partial_rotary_factor 0.4, as its converter rounds it (32 of 80) */
+    if (phi2 && !p->rope_dims)
+        rope_dims = (int)(0.4 * p->dim) / p->n_head / 2 * 2;
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
     int ff_shexp = p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
     /* Granite MoE Shared's shared expert only when asked for */
@@ -529,6 +534,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool post_norms_only = olmo2 || exaone4;
     if (cohere) /* Aya Expanse 8B's and Command R7B's rope_theta, their layer_norm_eps */
         rope_base = cohere2 ? 50000.0f : 10000.0f, eps = 1e-5f;
+    if (starcoder2) /* StarCoder2-7B's rope_theta and norm_epsilon */
+        rope_base = 1000000.0f, eps = 1e-5f;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
@@ -570,8 +577,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd) < 0 ||
         gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)rope_dims) < 0 ||
         gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base) < 0 ||
-        gguf_writer_set_f32(w, stablelm || cohere ? KEY("attention.layer_norm_epsilon")
-                                                  : KEY("attention.layer_norm_rms_epsilon"),
+        gguf_writer_set_f32(w, layer_norm || cohere ? KEY("attention.layer_norm_epsilon")
+                                                    : KEY("attention.layer_norm_rms_epsilon"),
                             eps) < 0 ||
         (p->pooling_type &&
          gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0) ||
@@ -675,11 +682,13 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
           s_ff = 1.0f / sqrtf((float)p->n_ff);
     ADD("token_embd.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     ADD("output_norm.weight", 1, p->dim, 1, 0.1f, 1.0f);
-    if (stablelm) /* its LayerNorms have biases */
+    if (layer_norm) /* its LayerNorms have biases */
         ADD("output_norm.bias", 1, p->dim, 1, 0.1f, 0.0f);
-    if (!p->tie_output && !gemma && !cohere) {
+    if ((!p->tie_output && !gemma && !cohere) || phi2) {
         ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
     }
+    if (phi2) /* lm_head's bias */
+        ADD("output.bias", 1, n_vocab, 1, 0.1f, 0.0f);
     /* Phi-3-mini-128k's short factors are 1 to ~3, its long ones 1 to ~50 */
     if (phi3 && p->rope_orig_ctx) {
         ADD("rope_factors_long.weight", 1, rope_dims / 2, 1, 1.5f, 4.0f);
@@ -690,7 +699,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
 #define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
         if (!post_norms_only)
             ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        if (stablelm)
+        if (layer_norm)
             ADD(N("attn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
         if (phi3 || chatglm) {
             ADD(N("attn_qkv.weight"), 2, p->dim, q_dim + 2 * kv_dim, s_dim, 0.0f);
@@ -701,7 +710,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
             ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
         }
-        if (qwen2 || gptoss || stablelm || glm4) { /* StableLM 2 1.6B's, GLM-4-0414's */
+        /* StableLM 2 1.6B's q/k/v biases, StarCoder2's, Phi-2's, GLM-4-0414's */
+        if (qwen2 || gptoss || layer_norm || glm4) {
             ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
@@ -731,11 +741,20 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         }
         if (gemma2 || gemma3 || post_norms_only || glm4)
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        /* Cohere's feed-forward reads attn_norm's output */
-        if (!post_norms_only && !gptoss && !cohere)
+        /* Cohere's and Phi-2's feed-forward read attn_norm's output */
+        if (!post_norms_only && !gptoss && !cohere && !phi2)
             ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        if (stablelm)
+        if (layer_norm && !phi2)
             ADD(N("ffn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
+        /* Starcoder2MLP: c_fc (ffn_up), c_proj (ffn_down), no gate; PhiMLP's fc1, fc2 */
+        if (starcoder2 || phi2) {
+            ADD(N("attn_output.bias"), 1, p->dim, 1, 0.1f, 0.0f);
+            ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
+            ADD(N("ffn_up.bias"), 1, p->n_ff, 1, 0.1f, 0.0f);
+            ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
+            ADD(N("ffn_down.bias"), 1, p->dim, 1, 0.1f, 0.0f);
+            continue;
+        }
         if (phi3 || glm) { /* the gate's rows, then the up's, as Phi3MLP and Glm4MLP chunk them */
             ADD(N("ffn_up.weight"), 2, p->dim, 2 * p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);

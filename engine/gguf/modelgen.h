@@ -57,7 +57,12 @@ typedef struct modelgen_params {
      * layout: q/k/v biases, post_attention_norm and post_ffw_norm besides attn_norm and
      * ffn_norm, gate and up in one ffn_up of 2 n_ff rows as phi3's, half of each head
      * rotated unless rope_dims says otherwise), "chatglm" (GLM-4-9B-chat's layout: glm4's
-     * without the post norms, q, k, v in one attn_qkv with its bias), "gpt-oss" (below),
+     * without the post norms, q, k, v in one attn_qkv with its bias), "starcoder2"
+     * (StarCoder2's layout: LayerNorms with biases, q/k/v/o biases, ffn_up and ffn_down
+     * with biases and no ffn_gate), "phi2" (Phi-2 as the converter writes today's HF
+     * checkpoint: starcoder2's tensors without ffn_norm, output.weight (tie_output is
+     * ignored) and output.bias, 0.4 of each head rotated unless rope_dims says otherwise),
+     * "gpt-oss" (below),
      * "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The
      * Gemma family as llama.cpp's converter writes it: norm weights near 1 (the
      * converter's +1 already added), no output.weight (llama.cpp reads the token

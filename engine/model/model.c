@@ -82,6 +82,9 @@ typedef struct model_layer {
     const float *gate_exps_b; /* (n_expert, n_ff_exp) */
     const float *up_exps_b;   /* (n_expert, n_ff_exp) */
     const float *down_exps_b; /* (n_expert, dim) */
+    /* starcoder2, phi2 (NULL for the others; their attn_output.bias is bo above) */
+    const float *b_up;       /* (n_ff) ffn_up.bias */
+    const float *b_down;     /* (dim) ffn_down.bias */
 } model_layer;
 
 struct model {
@@ -93,6 +96,7 @@ struct model {
     ops_matrix output;       /* (n_vocab, dim); tok_embd when the file ties them */
     const float *output_norm; /* (dim) */
     const float *output_norm_b; /* (dim) LayerNorm's bias (stablelm), or NULL */
+    const float *output_b;   /* (n_vocab) output.bias (phi2), or NULL */
     const float *rope_freqs; /* (rope_dims/2) RoPE frequency divisors, or NULL */
     const float *rope_long;  /* (rope_dims/2) LongRoPE divisors beyond rope_orig_ctx, or NULL */
     const float *rope_short; /* (rope_dims/2) LongRoPE divisors within it, or NULL */
@@ -133,6 +137,8 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_CHATGLM] = "chatglm",
     [MODEL_ARCH_COMMAND_R] = "command-r",
     [MODEL_ARCH_COHERE2] = "cohere2",
+    [MODEL_ARCH_STARCODER2] = "starcoder2",
+    [MODEL_ARCH_PHI2] = "phi2",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -632,6 +638,51 @@ static int model_read_cohere(const gguf_file *g, const char *arch, model_hparams
     return 0;
 }
 
+/*
+ * StarCoder2 (starcoder2: StarCoder2 3B/7B/15B), as llama.cpp reads it and HF's
+ * Starcoder2ForCausalLM computes it: LayerNorms with biases before each sublayer and at
+ * the output, epsilon attention.layer_norm_epsilon (required, as llama.cpp requires it),
+ * NEOX RoPE (its converter stores q and k as HF has them), and Starcoder2MLP: c_proj of
+ * gelu_pytorch_tanh of c_fc, both with biases, no gate. HF masks attention beyond its
+ * sliding_window (4096 of the published models' 16384); llama.cpp's converter writes no
+ * window and llama.cpp attends to every entry, as this engine does: the two agree up to
+ * 4096 tokens.
+ */
+static int model_read_starcoder2(const gguf_file *g, const char *arch, model_hparams *hp,
+                                 char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_STARCODER2)
+        return 0;
+    hp->norm = MODEL_NORM_LAYER;
+    hp->ffn_act = MODEL_FFN_GELU_TANH_UNGATED;
+    if (model_require(g, arch, "attention.layer_norm_epsilon", err) < 0 ||
+        model_get_float(g, arch, "attention.layer_norm_epsilon", 1e-5f, &hp->norm_eps, err) < 0)
+        return -1;
+    return 0;
+}
+
+/*
+ * Phi-2 (phi2), as llama.cpp reads it and HF's PhiForCausalLM computes it: one LayerNorm
+ * with bias (input_layernorm, epsilon attention.layer_norm_epsilon, required) whose output
+ * both the attention and PhiMLP read, their outputs added to the residual together
+ * (parallel); PhiMLP is fc2(gelu_new(fc1 x)), starcoder2's ungated feed-forward;
+ * partial NEOX rotary over rope.dimension_count (32 of Phi-2's 80); the final LayerNorm
+ * and lm_head with its bias.
+ */
+static int model_read_phi2(const gguf_file *g, const char *arch, model_hparams *hp,
+                           char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_PHI2)
+        return 0;
+    hp->norm = MODEL_NORM_LAYER;
+    hp->ffn_act = MODEL_FFN_GELU_TANH_UNGATED;
+    hp->parallel = true;
+    if (model_require(g, arch, "attention.layer_norm_epsilon", err) < 0 ||
+        model_get_float(g, arch, "attention.layer_norm_epsilon", 1e-5f, &hp->norm_eps, err) < 0)
+        return -1;
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -726,7 +777,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_gptoss(m->g, arch, hp, err) < 0 ||
         model_read_olmo2(m->g, arch, hp, err) < 0 || model_read_stablelm(m->g, arch, hp, err) < 0 ||
         model_read_mistral3(m->g, arch, hp, err) < 0 || model_read_exaone4(m->g, arch, hp, err) < 0 ||
-        model_read_glm4(m->g, arch, hp, err) < 0 || model_read_cohere(m->g, arch, hp, err) < 0)
+        model_read_glm4(m->g, arch, hp, err) < 0 || model_read_cohere(m->g, arch, hp, err) < 0 ||
+        model_read_starcoder2(m->g, arch, hp, err) < 0 || model_read_phi2(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -897,6 +949,16 @@ static size_t model_gptoss_vecs(const model_hparams *hp)
     return per_layer * (size_t)hp->n_layer;
 }
 
+/* The f32 values starcoder2's and phi2's biases take beyond their q/k/v ones:
+ * attn_output's, ffn_up's and ffn_down's of each layer, and phi2's output.bias. */
+static size_t model_linear_bias_vecs(const model_hparams *hp)
+{
+    if (hp->arch != MODEL_ARCH_STARCODER2 && hp->arch != MODEL_ARCH_PHI2)
+        return 0;
+    return (2 * (size_t)hp->dim + (size_t)hp->n_ff) * (size_t)hp->n_layer +
+           (hp->arch == MODEL_ARCH_PHI2 ? (size_t)hp->n_vocab : 0);
+}
+
 /* gpt-oss's tensors of layer l beyond llama's with experts (its q/k/v biases are qwen2's):
  * the attention sinks (attn_sinks.weight, one per head: a file without them would be
  * another model), the attention output's bias, the router's bias and each expert's
@@ -930,6 +992,31 @@ static int model_fused(const model *m, const char *name, int64_t rows, const cha
                             "its rows must add up to %s", name, (long long)t->ne[0],
                        (long long)t->ne[1], t->n_dims, m->hp.dim, (long long)rows, what);
     return model_matrix(m, name, rows, m->hp.dim, out, err);
+}
+
+/* Phi-2's q, k and v of layer l as older conversions store them (HF's Wqkv): one attn_qkv
+ * matrix and its bias, read as views of their rows (phi3's way), q's first. */
+static int model_load_phi2_qkv(model *m, model_layer *L, int l, char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    ops_matrix qkv;
+    const float *b;
+    if (model_fused(m, NAME("attn_qkv.weight"), q_dim + 2 * kv_dim,
+                    "n_head * head_dim + 2 * n_head_kv * head_dim (q, k, v)", &qkv, err) < 0 ||
+        model_vector(m, NAME("attn_qkv.bias"), q_dim + 2 * kv_dim, &b, err) < 0)
+        return -1;
+    L->wq = model_rows(&qkv, 0, q_dim);
+    L->wk = model_rows(&qkv, q_dim, kv_dim);
+    L->wv = model_rows(&qkv, q_dim + kv_dim, kv_dim);
+    L->extras.bq = b;
+    L->extras.bk = b + q_dim;
+    L->extras.bv = b + q_dim + kv_dim;
+    return 0;
+#undef NAME
 }
 
 /* LongRoPE (Phi-3-mini-128k, Phi-3.5-mini, Phi-4-mini): rope_factors_long.weight and
@@ -1035,14 +1122,15 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     /* per layer q_dim + 2 kv_dim: qwen2's biases, or command-r's per-head q/k norms */
     m->vecs_cap = 2 * (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
                   (size_t)hp->n_layer * (4 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim) +
-                  model_gptoss_vecs(hp);
+                  model_gptoss_vecs(hp) + model_linear_bias_vecs(hp);
     m->vecs = malloc(m->vecs_cap * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->vecs || !m->layers)
         return err_set(err, "out of memory");
 
-    /* StableLM's LayerNorms have biases, Cohere's none */
-    bool layer_norm = hp->norm == MODEL_NORM_LAYER && hp->arch == MODEL_ARCH_STABLELM;
+    /* StableLM's, StarCoder2's and Phi-2's LayerNorms have biases, Cohere's none */
+    bool layer_norm = hp->norm == MODEL_NORM_LAYER && hp->arch != MODEL_ARCH_COMMAND_R &&
+                      hp->arch != MODEL_ARCH_COHERE2;
     if (model_vector(m, "output_norm.weight", hp->dim, &m->output_norm, err) < 0 ||
         (layer_norm && model_vector(m, "output_norm.bias", hp->dim, &m->output_norm_b, err) < 0))
         return -1;
@@ -1053,7 +1141,11 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         return -1;
     if (model_read_longrope(m, err) < 0)
         return -1;
-    if (gguf_find_tensor(m->g, "output.weight")) {
+    bool phi2 = hp->arch == MODEL_ARCH_PHI2;
+    /* Phi-2's lm_head has a bias: its own matrix, required (as llama.cpp requires it) */
+    if (phi2 && model_vector(m, "output.bias", hp->n_vocab, &m->output_b, err) < 0)
+        return -1;
+    if (phi2 || gguf_find_tensor(m->g, "output.weight")) {
         if (model_matrix(m, "output.weight", hp->n_vocab, hp->dim, &m->output, err) < 0)
             return -1;
     } else {
@@ -1065,6 +1157,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     bool qk_norm = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
                    hp->arch == MODEL_ARCH_GEMMA3 || hp->arch == MODEL_ARCH_EXAONE4;
     bool fused = hp->arch == MODEL_ARCH_PHI3;
+    bool starcoder2 = hp->arch == MODEL_ARCH_STARCODER2;
+    bool gated = hp->ffn_act != MODEL_FFN_GELU_TANH_UNGATED;
     for (int l = 0; l < hp->n_layer; l++) {
         model_layer *L = &m->layers[l];
         char name[96];
@@ -1079,7 +1173,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
                             hp->dim, &L->ffn_norm, err) < 0))) ||
             (layer_norm &&
              (model_vector(m, NAME("attn_norm.bias"), hp->dim, &L->attn_norm_b, err) < 0 ||
-              model_vector(m, NAME("ffn_norm.bias"), hp->dim, &L->ffn_norm_b, err) < 0)) ||
+              (!hp->parallel &&
+               model_vector(m, NAME("ffn_norm.bias"), hp->dim, &L->ffn_norm_b, err) < 0))) ||
             model_matrix(m, NAME("attn_output.weight"), hp->dim, q_dim, &L->wo, err) < 0)
             return -1;
         /* StableLM 2 12B: per-head q/k LayerNorms and a parallel residual (no ffn_norm,
@@ -1087,6 +1182,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         if (hp->arch == MODEL_ARCH_STABLELM && gguf_find_tensor(m->g, NAME("attn_q_norm.weight")))
             return err_set(err, "tensor '%s': StableLM 2 12B's per-head q/k LayerNorms are not "
                                 "supported", name);
+        bool phi2_qkv = phi2 && gguf_find_tensor(m->g, NAME("attn_qkv.weight"));
         if (hp->arch == MODEL_ARCH_GLM4 || hp->arch == MODEL_ARCH_CHATGLM) {
             if (model_load_glm4(m, L, l, err) < 0)
                 return -1;
@@ -1104,19 +1200,24 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
             L->wv = model_rows(&qkv, q_dim + kv_dim, kv_dim);
             L->w_gate = model_rows(&gate_up, 0, hp->n_ff);
             L->w_up = model_rows(&gate_up, hp->n_ff, hp->n_ff);
-        } else if (model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq, err) < 0 ||
-                   model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim, &L->wk, err) < 0 ||
-                   model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim, &L->wv, err) < 0 ||
+        } else if ((phi2_qkv ? model_load_phi2_qkv(m, L, l, err) < 0
+                             : model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq,
+                                            err) < 0 ||
+                                   model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim,
+                                                &L->wk, err) < 0 ||
+                                   model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim,
+                                                &L->wv, err) < 0) ||
                    (hp->n_expert ? model_load_experts(m, L, l, err) < 0
-                                 : model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff, hp->dim,
-                                                &L->w_gate, err) < 0 ||
+                                 : (gated && model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff,
+                                                          hp->dim, &L->w_gate, err) < 0) ||
                                        model_matrix(m, NAME("ffn_up.weight"), hp->n_ff, hp->dim,
                                                     &L->w_up, err) < 0 ||
                                        model_matrix(m, NAME("ffn_down.weight"), hp->dim,
                                                     hp->n_ff, &L->w_down, err) < 0))
             return -1;
         /* StableLM 2 1.6B has q/k/v biases, StableLM-3B-4E1T none: all three or none */
-        bool biases = qwen2 || (hp->arch == MODEL_ARCH_STABLELM &&
+        bool biases = qwen2 || starcoder2 || (phi2 && !phi2_qkv) ||
+                      (hp->arch == MODEL_ARCH_STABLELM &&
                                 (gguf_find_tensor(m->g, NAME("attn_q.bias")) ||
                                  gguf_find_tensor(m->g, NAME("attn_k.bias")) ||
                                  gguf_find_tensor(m->g, NAME("attn_v.bias"))));
@@ -1145,6 +1246,13 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
                          &L->extras.q_norm_heads, err) < 0 ||
              model_table(m, NAME("attn_k_norm.weight"), hp->n_head_kv, hp->head_dim,
                          &L->extras.k_norm_heads, err) < 0))
+            return -1;
+        /* every Linear of Starcoder2 (use_bias, as the published models and llama.cpp's
+         * loader have them) and of Phi-2 has a bias */
+        if ((starcoder2 || phi2) &&
+            (model_vector(m, NAME("attn_output.bias"), hp->dim, &L->bo, err) < 0 ||
+             model_vector(m, NAME("ffn_up.bias"), hp->n_ff, &L->b_up, err) < 0 ||
+             model_vector(m, NAME("ffn_down.bias"), hp->dim, &L->b_down, err) < 0))
             return -1;
         if (hp->post_norms &&
             (model_vector(m, NAME("post_attention_norm.weight"), hp->dim, &L->attn_post_norm,
@@ -2282,15 +2390,20 @@ static void model_attention(model_runner *r, model_step *s)
     }
 }
 
+/* r->gate's rows (n_ff each) = the activation of gate times up, or (ungated) of up's
+ * product and bias, which the ungated feed-forward writes where the gate's goes. */
 static void model_ffn_act_job(void *p, int ith, int nth)
 {
     model_step *s = p;
     int n_ff = s->r->m->hp.n_ff;
     bool gelu = s->r->m->hp.ffn_act == MODEL_FFN_GELU_TANH;
+    bool ungated = s->r->m->hp.ffn_act == MODEL_FFN_GELU_TANH_UNGATED;
     long b, e;
     tp_split(s->n, ith, nth, &b, &e);
     for (long t = b; t < e; t++) {
-        if (gelu)
+        if (ungated)
+            ops_gelu_tanh_bias(s->r->gate + t * n_ff, s->L->b_up, n_ff);
+        else if (gelu)
             ops_gelu_tanh_mul(s->r->gate + t * n_ff, s->r->up + t * n_ff, n_ff);
         else
             ops_silu_mul(s->r->gate + t * n_ff, s->r->up + t * n_ff, n_ff);
@@ -2578,6 +2691,8 @@ static void model_logits(model_runner *r, int n)
     if (contiguous) {
         ops_matmul(r->pool, &w->output, r->xn, n, r->out_dst[0], r->mm_scratch);
         model_lora_logits(r, 0, n, r->out_dst[0]);
+        for (int i = 0; w->output_b && i < n; i++)
+            ops_add(r->out_dst[0] + (size_t)i * nv, w->output_b, nv);
         if (inv != 1.0f)
             ops_scale(r->out_dst[0], inv, (size_t)n * nv);
         return;
@@ -2588,6 +2703,8 @@ static void model_logits(model_runner *r, int n)
         ops_matmul(r->pool, &w->output, r->xn + (size_t)i * dim, g, r->logits_stage,
                    r->mm_scratch);
         model_lora_logits(r, i, g, r->logits_stage);
+        for (int j = 0; w->output_b && j < g; j++)
+            ops_add(r->logits_stage + (size_t)j * nv, w->output_b, nv);
         if (inv != 1.0f)
             ops_scale(r->logits_stage, inv, (size_t)g * nv);
         for (int j = 0; j < g; j++)
@@ -2701,7 +2818,8 @@ static void model_forward_rows(model_runner *r, int n_parts)
         }
         model_residual(r->x, r->proj, hp->residual_scale, n * dim);
 
-        /* a parallel layer's feed-forward reads r->xn as attention read it */
+        /* a parallel layer's feed-forward (command-r, cohere2, phi2) reads r->xn as
+         * attention read it */
         s.norm_w = L->ffn_norm;
         s.norm_b = L->ffn_norm_b;
         if (!hp->parallel)
@@ -2709,15 +2827,21 @@ static void model_forward_rows(model_runner *r, int n_parts)
         if (hp->n_expert) {
             model_moe(r, L, n);
         } else {
-            const ops_matrix *gate_up[] = {&L->w_gate, &L->w_up};
+            /* starcoder2's and phi2's ungated feed-forward: up's product alone, into
+             * r->gate */
+            bool gated = hp->ffn_act != MODEL_FFN_GELU_TANH_UNGATED;
+            const ops_matrix *gate_up[] = {gated ? &L->w_gate : &L->w_up, &L->w_up};
             float *gate_up_out[] = {r->gate, r->up};
-            ops_matmul_n(r->pool, 2, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
-            const int gate_up_slots[] = {LORA_SLOT(l, LORA_GATE), LORA_SLOT(l, LORA_UP)};
-            model_lora_add(r, n_parts, 2, gate_up_slots, r->xn, gate_up_out);
+            ops_matmul_n(r->pool, gated ? 2 : 1, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
+            const int gate_up_slots[] = {LORA_SLOT(l, gated ? LORA_GATE : LORA_UP),
+                                         LORA_SLOT(l, LORA_UP)};
+            model_lora_add(r, n_parts, gated ? 2 : 1, gate_up_slots, r->xn, gate_up_out);
             model_run(r, model_ffn_act_job, &s);
             ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
             const int down_slot = LORA_SLOT(l, LORA_DOWN);
             model_lora_add(r, n_parts, 1, &down_slot, r->gate, &r->proj);
+            for (int t = 0; L->b_down && t < n; t++)
+                ops_add(r->proj + (size_t)t * dim, L->b_down, dim);
         }
         if (L->ffn_post_norm) {
             s.norm_w = L->ffn_post_norm;

@@ -22,7 +22,12 @@
  * "smollm3" (SmolLM3: llama with no RoPE on every fourth layer, model_layer_rotates);
  * "exaone" (EXAONE 3.0/3.5: llama's tensors, NEOX RoPE); "stablelm" (StableLM, StableLM 2
  * 1.6B/3B: LayerNorms with biases, partial NEOX rotary, q/k/v biases where the file has
- * them); "exaone4" (EXAONE 4.0: olmo2's norms with qwen3's per-head q/k norms, the 32B's
+ * them); "starcoder2" (StarCoder2 3B/7B/15B: LayerNorms with biases, q/k/v/o with biases,
+ * NEOX RoPE, a non-gated feed-forward of ffn_up and ffn_down with biases through gelu's
+ * tanh form); "phi2" (Phi-2: one LayerNorm with bias before the attention and the
+ * feed-forward, which run side by side from it (parallel), starcoder2's biases and
+ * ungated feed-forward, partial NEOX rotary, an output bias; q/k/v as three matrices or
+ * one attn_qkv); "exaone4" (EXAONE 4.0: olmo2's norms with qwen3's per-head q/k norms, the 32B's
  * sliding layers beside global ones without RoPE); "mistral3" (Ministral 3: llama with
  * Llama 4's attention temperature on the queries); "glm4" (GLM-4-0414, GLM-Z1: gemma2's
  * norms around each sublayer, q/k/v biases
@@ -82,6 +87,8 @@ enum model_arch {
     MODEL_ARCH_CHATGLM,
     MODEL_ARCH_COMMAND_R,
     MODEL_ARCH_COHERE2,
+    MODEL_ARCH_STARCODER2,
+    MODEL_ARCH_PHI2,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -91,18 +98,20 @@ const char *model_arch_name(enum model_arch a);
  * decoder does not run. */
 int model_arch_from_name(const char *name, size_t len);
 
-/* The feed-forward activation of gate, multiplied by up. */
+/* The feed-forward activation of gate, multiplied by up (but for the ungated one). */
 enum model_ffn_act {
     MODEL_FFN_SILU,      /* SwiGLU: silu(gate) * up (llama, qwen) */
     MODEL_FFN_GELU_TANH, /* GeGLU: gelu(gate) * up, gelu's tanh approximation (gemma) */
     MODEL_FFN_SWIGLU_OAI, /* gpt-oss's experts: ops_swiglu_oai, clamped at 7 */
+    MODEL_FFN_GELU_TANH_UNGATED, /* no gate: gelu(up + ffn_up.bias), tanh form, then down +
+                                    ffn_down.bias (starcoder2, phi2) */
 };
 
 /* The sublayers' and the output's norm. */
 enum model_norm {
     MODEL_NORM_RMS,   /* x / rms(x) * w */
-    MODEL_NORM_LAYER, /* (x - mean) / std * w + b, LayerNorm with bias (stablelm) or
-                         without (command-r, cohere2) */
+    MODEL_NORM_LAYER, /* (x - mean) / std * w + b, LayerNorm with bias (stablelm,
+                         starcoder2, phi2) or without (command-r, cohere2) */
 };
 
 /* How RoPE pairs up dimensions within a head. */
@@ -185,9 +194,9 @@ typedef struct model_hparams {
                             (gemma2, gemma3, olmo2, exaone4, glm4; not chatglm) */
     bool pre_norms;      /* attn_norm / ffn_norm of each sublayer's input: all but olmo2
                             and exaone4, whose sublayers read the residual stream as it is */
-    bool parallel;       /* command-r, cohere2: the feed-forward reads attn_norm's output as
-                            attention does (no ffn_norm), both outputs added to the
-                            residual stream of the layer's input */
+    bool parallel;       /* command-r, cohere2, phi2: the feed-forward reads attn_norm's
+                            output as attention does (no ffn_norm), both outputs added to
+                            the residual stream of the layer's input */
 } model_hparams;
 
 /* The sliding window of layer l: hp->swa_window for a sliding layer, 0 (the whole

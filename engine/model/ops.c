@@ -122,6 +122,19 @@ void ops_gelu_tanh_mul(float *g, const float *u, int n)
     }
 }
 
+void ops_gelu_tanh_bias(float *x, const float *b, int n)
+{
+    if (ops_have_avx2()) {
+        ops_avx2_gelu_tanh_bias(x, b, n);
+        return;
+    }
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    for (int i = 0; i < n; i++) {
+        float v = x[i] + b[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
+    }
+}
+
 void ops_softcap(float *x, int n, float cap)
 {
     if (ops_have_avx2()) {

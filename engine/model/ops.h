@@ -41,6 +41,11 @@ void ops_swiglu_oai(float *g, const float *u, int n);
  * within 1e-6 relative. */
 void ops_gelu_tanh_mul(float *g, const float *u, int n);
 
+/* x[i] = gelu(x[i] + b[i]), gelu's tanh approximation as ops_gelu_tanh_mul's (the AVX2
+ * kernel within 1e-6 relative): StarCoder2's non-gated feed-forward, c_fc's output plus its
+ * bias through HF's gelu_pytorch_tanh. */
+void ops_gelu_tanh_bias(float *x, const float *b, int n);
+
 /* x[i] = cap * tanh(x[i] / cap) (Gemma 2's soft-capping of attention scores and logits);
  * the AVX2 kernel within 1e-6 of cap. */
 void ops_softcap(float *x, int n, float cap);

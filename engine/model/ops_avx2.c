@@ -232,23 +232,41 @@ void ops_avx2_silu_mul(float *g, const float *u, int n)
 /* gelu(x) = 0.5 x (1 + tanh(z / 2)) = x sigmoid(z), z = 2 sqrt(2/pi) (x + 0.044715 x^3),
  * the sigmoid taken as silu's is (t = e^-|z| <= 1): 1 / (1 + t) for z >= 0, t / (1 + t)
  * below. */
-void ops_avx2_gelu_tanh_mul(float *g, const float *u, int n)
+static inline __m256 ops_avx2_gelu_tanh(__m256 x)
 {
     const __m256 one = _mm256_set1_ps(1.0f), sign = _mm256_set1_ps(-0.0f);
     const __m256 c2 = _mm256_set1_ps(2.0f * 0.7978845608028654f), k = _mm256_set1_ps(0.044715f);
+    __m256 z = _mm256_mul_ps(c2, _mm256_fmadd_ps(_mm256_mul_ps(k, x), _mm256_mul_ps(x, x), x));
+    __m256 t = ops_avx2_exp_neg(_mm256_or_ps(z, sign));
+    __m256 num = _mm256_blendv_ps(one, t, z); /* z's sign bit picks t */
+    return _mm256_div_ps(_mm256_mul_ps(x, num), _mm256_add_ps(one, t));
+}
+
+void ops_avx2_gelu_tanh_mul(float *g, const float *u, int n)
+{
     int i = 0;
     for (; i + 8 <= n; i += 8) {
-        __m256 x = _mm256_loadu_ps(g + i);
-        __m256 z = _mm256_mul_ps(c2, _mm256_fmadd_ps(_mm256_mul_ps(k, x), _mm256_mul_ps(x, x), x));
-        __m256 t = ops_avx2_exp_neg(_mm256_or_ps(z, sign));
-        __m256 num = _mm256_blendv_ps(one, t, z); /* z's sign bit picks t */
-        __m256 s = _mm256_div_ps(_mm256_mul_ps(x, num), _mm256_add_ps(one, t));
+        __m256 s = ops_avx2_gelu_tanh(_mm256_loadu_ps(g + i));
         _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
     }
     const float c = 0.7978845608028654f;
     for (; i < n; i++) {
         float x = g[i];
         g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
+    }
+}
+
+void ops_avx2_gelu_tanh_bias(float *x, const float *b, int n)
+{
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(b + i));
+        _mm256_storeu_ps(x + i, ops_avx2_gelu_tanh(v));
+    }
+    const float c = 0.7978845608028654f;
+    for (; i < n; i++) {
+        float v = x[i] + b[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
     }
 }
 

@@ -19,6 +19,7 @@ void ops_avx2_attn_accum_f32(float *out, int n_q, const float *p, size_t stride,
 void ops_avx2_softmax_sink(float *x, int n, float sink);
 void ops_avx2_silu_mul(float *g, const float *u, int n);
 void ops_avx2_gelu_tanh_mul(float *g, const float *u, int n);
+void ops_avx2_gelu_tanh_bias(float *x, const float *b, int n);
 void ops_avx2_softcap(float *x, int n, float cap);
 void ops_avx2_add_layernorm(float *x, const float *a, const float *c, const float *w,
                             const float *b, int n, float eps);

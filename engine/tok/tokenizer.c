@@ -298,24 +298,24 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
      * normal token that reads "<PAD>" stays text and ends nothing. */
     static const struct {
         enum tok_special which;
-        const char *text[4];
+        const char *text[5];
     } fim_texts[] = {
         /* DeepSeek's are split where a hex escape would swallow the letter after it */
         {TOK_SPECIAL_FIM_PRE,
-         {"<|fim_prefix|>", "<fim-prefix>",
+         {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", /* StarCoder's, Granite's */
           "<\xef\xbd\x9c" "fim\xe2\x96\x81" "begin\xef\xbd\x9c>", "<PRE>"}},
         {TOK_SPECIAL_FIM_SUF,
-         {"<|fim_suffix|>", "<fim-suffix>",
+         {"<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>",
           "<\xef\xbd\x9c" "fim\xe2\x96\x81" "hole\xef\xbd\x9c>", "<SUF>"}},
         {TOK_SPECIAL_FIM_MID,
-         {"<|fim_middle|>", "<fim-middle>",
+         {"<|fim_middle|>", "<fim-middle>", "<fim_middle>",
           "<\xef\xbd\x9c" "fim\xe2\x96\x81" "end\xef\xbd\x9c>", "<MID>"}},
-        {TOK_SPECIAL_FIM_PAD, {"<|fim_pad|>", "<fim-pad>", "<PAD>"}},
+        {TOK_SPECIAL_FIM_PAD, {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"}},
         {TOK_SPECIAL_FIM_REP, {"<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>"}},
         {TOK_SPECIAL_FIM_SEP, {"<|file_sep|>"}},
     };
     for (size_t i = 0; i < sizeof fim_texts / sizeof *fim_texts; i++)
-        for (size_t k = 0; id[fim_texts[i].which] < 0 && k < 4 && fim_texts[i].text[k]; k++) {
+        for (size_t k = 0; id[fim_texts[i].which] < 0 && k < 5 && fim_texts[i].text[k]; k++) {
             const char *s = fim_texts[i].text[k];
             int32_t e = tok_lookup(t, s, strlen(s));
             if (e >= 0 && (t->types[e] == TOK_TYPE_CONTROL || t->types[e] == TOK_TYPE_USER_DEFINED))

@@ -43,7 +43,8 @@ enum tok_type {
  * llama.cpp finds them: the tokenizer.ggml.fim_{pre,suf,mid,pad,rep,sep}_token_id keys,
  * then the older tokenizer.ggml.{prefix,suffix,middle}_token_id (read after them, so
  * they win), else a control or user-defined token of a spelling llama.cpp knows
- * ("<|fim_prefix|>" of Qwen, "<fim-prefix>", DeepSeek's, "<PRE>", ...). */
+ * ("<|fim_prefix|>" of Qwen, "<fim-prefix>", "<fim_prefix>" of StarCoder2, DeepSeek's,
+ * "<PRE>", ...). */
 enum tok_special {
     TOK_SPECIAL_BOS,
     TOK_SPECIAL_EOS,

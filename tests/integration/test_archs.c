@@ -1,9 +1,9 @@
 /*
  * llmsd serves a file of each of the smaller architectures (olmo2, granitemoe with a
  * shared expert, smollm3, exaone, stablelm, mistral3, exaone4 with the 32B's hybrid
- * attention, glm4, chatglm, command-r, cohere2 with a window of 8): a random-weight model
- * of each (modelgen, 4 layers, F32) on the test data's llama SPM vocabulary; the daemon
- * reports the architecture and
+ * attention, glm4, chatglm, command-r, cohere2 with a window of 8, starcoder2, phi2): a
+ * random-weight model of each (modelgen, 4 layers, F32) on the test data's llama SPM
+ * vocabulary; the daemon reports the architecture and
  * llama.cpp's /completion on token ids answers with the ids, log-probabilities and
  * runners-up of the engine's own greedy decode in this process (a prompt of 24, 12 tokens
  * decoded: smollm3's NoPE layer, granitemoe's experts and mistral3's attention temperature
@@ -189,6 +189,20 @@ static void serves_cohere2(void)
     serves(p);
 }
 
+static void serves_starcoder2(void)
+{
+    modelgen_params p = small("starcoder2");
+    p.n_head_kv = 2, p.n_ff = 512;
+    serves(p);
+}
+
+static void serves_phi2(void)
+{
+    modelgen_params p = small("phi2");
+    p.n_ff = 512;
+    serves(p);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -208,5 +222,7 @@ int main(int argc, char **argv)
     RUN(serves_chatglm);
     RUN(serves_command_r);
     RUN(serves_cohere2);
+    RUN(serves_starcoder2);
+    RUN(serves_phi2);
     return test_finish();
 }

@@ -39,6 +39,21 @@
  * every norm, q/k/v biases where use_qkv_bias, and rotate_half RoPE over the first
  * partial_rotary_factor of each head, computed here as qwen2's.
  *
+ * StarCoder2 (modeling_starcoder2: Starcoder2DecoderLayer, Starcoder2Attention,
+ * Starcoder2MLP) is StableLM's layer (nn.LayerNorm with bias, eps norm_epsilon) with
+ * use_bias's biases on q/k/v and o_proj, rotate_half RoPE over the whole head, and an
+ * ungated MLP: c_proj(gelu_pytorch_tanh(c_fc(x))), both Linear with bias (the GGUF's
+ * ffn_up and ffn_down). Its sliding_window mask (4096) is not computed: the tests' prompts
+ * are far shorter.
+ *
+ * Phi-2 (modeling_phi: PhiDecoderLayer, PhiAttention, PhiMLP, PhiForCausalLM without
+ * qk_layernorm) reads one input_layernorm (nn.LayerNorm with bias) into both sublayers,
+ *     x = x + dense(attn(input_layernorm(x))) + mlp(input_layernorm(x))
+ * with q/k/v and dense (o_proj) biases, rotate_half RoPE over the first
+ * partial_rotary_factor of each head, mlp = fc2(gelu_new(fc1 x)) (StarCoder2's, gelu's tanh
+ * form), then final_layernorm and lm_head with its bias. Files converted from HF's older
+ * Wqkv hold q, k and v as one attn_qkv (q's rows first) and its bias, split here.
+ *
  * EXAONE (modeling_exaone: ExaoneAttention, ExaoneGatedMLP) is llama's layer with HF's
  * rotate_half RoPE on q and k as they are in the file (its converter does not permute them
  * into interleaved pairs, as it does llama's), computed here as qwen's.
@@ -113,6 +128,9 @@ typedef struct ref_layer {
     double *router_b;                 /* (n_expert) */
     double *gate_b, *up_b;            /* (n_expert, n_ff_exp) */
     double *down_b;                   /* (n_expert, dim) */
+    /* StarCoder2's Starcoder2MLP biases (o_proj's is bo above), else NULL */
+    double *c_fc_b;                   /* (n_ff) ffn_up.bias */
+    double *c_proj_b;                 /* (dim) ffn_down.bias */
 } ref_layer;
 
 /* the architectures whose attention and feed-forward differ; a mixture of experts is its
@@ -133,9 +151,11 @@ struct ref_model {
     int no_rope_interval; /* SmolLM3: layers with (l + 1) % it == 0 have no RoPE; 0: none */
     bool glm4;          /* GLM-4, ChatGLM: gate and up in one ffn_up, RoPE in neighbouring
                            pairs */
-    bool layer_norm;    /* StableLM: nn.LayerNorm (with bias) where the others have RMSNorm;
-                           Cohere: CohereLayerNorm (without) */
-    bool parallel;      /* Cohere: attention and the MLP both read the input norm's output */
+    bool layer_norm;    /* StableLM, StarCoder2, Phi-2: nn.LayerNorm (with bias) where the
+                           others have RMSNorm; Cohere: CohereLayerNorm (without) */
+    bool ungated;       /* StarCoder2, Phi-2: c_proj(gelu_tanh(c_fc(x))), no gate */
+    bool parallel;      /* Cohere, Phi-2: attention and the MLP both read the input norm's
+                           output, and add to the same residual */
     bool sequential;    /* ref_model_sequential's: the MLP reads the norm after attention */
     double logit_scale; /* Cohere: multiplies the logits (1 for the others) */
     int *routes; /* ref_model_record_routes's, or NULL */
@@ -157,6 +177,7 @@ struct ref_model {
     bool kv_f16;
     double *embd, *out, *out_norm;
     double *out_norm_b; /* (dim) StableLM's, or NULL */
+    double *out_b;      /* (n_vocab) Phi-2's lm_head bias, or NULL */
     ref_layer *layers;
 };
 
@@ -220,22 +241,29 @@ static void ref_split_phi3(const ref_model *m, ref_layer *L, double *qkv, double
     free(gate_up);
 }
 
+/* Phi-2's and ChatGLM's attn_qkv.bias (q's, then k's, then v's), copied apart; NULL
+ * frees nothing. */
+static void ref_split_qkv_bias(const ref_model *m, ref_layer *L, double *b)
+{
+    size_t qd = (size_t)m->n_head * m->head_dim, kvd = (size_t)m->n_kv_head * m->head_dim;
+    if (!b)
+        return;
+    L->bq = malloc(qd * sizeof(double));
+    L->bk = malloc(kvd * sizeof(double));
+    L->bv = malloc(kvd * sizeof(double));
+    memcpy(L->bq, b, qd * sizeof(double));
+    memcpy(L->bk, b + qd, kvd * sizeof(double));
+    memcpy(L->bv, b + qd + kvd, kvd * sizeof(double));
+    free(b);
+}
+
 /* GLM's fused tensors, split as phi3's: ChatGLM's query_key_value (q, k, v rows) and its
  * bias (NULL: GLM-4-0414's separate q, k, v), the gate_up_proj of both. */
 static void ref_split_glm(const ref_model *m, ref_layer *L, double *qkv, double *bias,
                           double *gate_up)
 {
     ref_split_phi3(m, L, qkv, gate_up);
-    if (!bias)
-        return;
-    size_t qd = (size_t)m->n_head * m->head_dim, kvd = (size_t)m->n_kv_head * m->head_dim;
-    L->bq = malloc(qd * sizeof(double));
-    L->bk = malloc(kvd * sizeof(double));
-    L->bv = malloc(kvd * sizeof(double));
-    memcpy(L->bq, bias, qd * sizeof(double));
-    memcpy(L->bk, bias + qd, kvd * sizeof(double));
-    memcpy(L->bv, bias + qd + kvd, kvd * sizeof(double));
-    free(bias);
+    ref_split_qkv_bias(m, L, bias);
 }
 
 /* YaRN's inv_freq and attention factor from the GGUF's keys, as HF's
@@ -316,7 +344,7 @@ ref_model *ref_model_load(const gguf_file *g)
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
                                         "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
-                                        "command-r", "cohere2"};
+                                        "command-r", "cohere2", "starcoder2", "phi2"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -336,17 +364,21 @@ ref_model *ref_model_load(const gguf_file *g)
     m->glm4 = !strcmp(arch, "glm4") || !strcmp(arch, "chatglm");
     bool llama_layer =
         !strcmp(arch, "smollm3") || !strcmp(arch, "mistral3") || m->glm4 || cohere;
+    /* StarCoder2's attention is qwen2's too (biases, halves), its norms StableLM's */
+    bool phi2 = !strcmp(arch, "phi2");
+    m->ungated = !strcmp(arch, "starcoder2") || phi2;
     m->arch = ai <= REF_GEMMA3                                     ? ai
               : granitemoe                                         ? REF_GRANITE
               : llama_layer                                        ? REF_LLAMA
               : qwen2moe || m->gptoss || !strcmp(arch, "stablelm") ? REF_QWEN2
+              : m->ungated                                         ? REF_QWEN2
                                                                    : REF_QWEN3;
     bool exaone4 = !strcmp(arch, "exaone4");
     m->no_input_norms = !strcmp(arch, "olmo2") || exaone4;
     /* SmolLM3Config's no_rope_layers default: use_rope = (layer_idx + 1) % 4 != 0 */
     m->no_rope_interval = !strcmp(arch, "smollm3") ? 4 : 0;
-    m->layer_norm = !strcmp(arch, "stablelm") || cohere;
-    m->parallel = cohere;
+    m->layer_norm = !strcmp(arch, "stablelm") || cohere || m->ungated;
+    m->parallel = cohere || phi2;
     m->qk_norm_whole = olmoe || !strcmp(arch, "olmo2");
     m->dim = ref_u32(g, arch, "embedding_length", 0);
     m->n_layer = ref_u32(g, arch, "block_count", 0);
@@ -430,6 +462,7 @@ ref_model *ref_model_load(const gguf_file *g)
     m->out = gguf_find_tensor(g, "output.weight") ? ref_tensor(g, "output.weight", -1) : m->embd;
     m->out_norm = ref_tensor(g, "output_norm.weight", m->dim);
     m->out_norm_b = ref_tensor(g, "output_norm.bias", m->dim);
+    m->out_b = ref_tensor(g, "output.bias", m->n_vocab);
     m->layers = calloc((size_t)m->n_layer, sizeof *m->layers);
     for (int l = 0; l < m->n_layer; l++) {
         ref_layer *L = &m->layers[l];
@@ -485,21 +518,32 @@ ref_model *ref_model_load(const gguf_file *g)
             }
         } else {
             if (m->arch != REF_PHI3 && !m->glm4) {
-                L->gate = T("ffn_gate.weight");
+                L->gate = m->ungated ? NULL : T("ffn_gate.weight");
                 L->up = T("ffn_up.weight");
             }
             L->down = T("ffn_down.weight");
+        }
+        if (phi2 && !L->wq) { /* older conversions' attn_qkv */
+            ref_split_phi3(m, L, T("attn_qkv.weight"), NULL);
+            ref_split_qkv_bias(m, L, T("attn_qkv.bias"));
+        }
+        if (m->ungated) {
+            L->bo = T("attn_output.bias");
+            L->c_fc_b = T("ffn_up.bias");
+            L->c_proj_b = T("ffn_down.bias");
         }
 #undef T
         bool ffn = m->n_expert ? L->router && L->gate_exps && L->up_exps && L->down_exps &&
                                      (!qwen2moe || L->shexp_gate) &&
                                      (!m->n_ff_shexp || (L->gate && L->up && L->down))
-                               : L->gate && L->up && L->down;
+                   : m->ungated ? L->up && L->down && L->c_fc_b && L->c_proj_b
+                                : L->gate && L->up && L->down;
         /* OLMo 2's post norms are computed where the file has them, as Gemma's */
         bool norms = m->no_input_norms ? L->q_norm && L->k_norm
                                        : L->attn_norm && (m->parallel || L->ffn_norm);
-        norms = norms && (!m->layer_norm || cohere || (L->attn_norm_b && L->ffn_norm_b));
-        norms = norms && !L->q_norm == !L->k_norm;
+        norms = norms && (!m->layer_norm || cohere || (L->attn_norm_b &&
+                                                      (m->parallel || L->ffn_norm_b)));
+        norms = norms && !L->q_norm == !L->k_norm && (!m->parallel || !L->ffn_norm);
         if (!norms || !L->wq || !L->wk || !L->wv || !L->wo || !ffn) {
             ref_model_free(m);
             return NULL;
@@ -524,7 +568,8 @@ void ref_model_free(ref_model *m)
                          L->k_norm,    L->gate,     L->up,        L->down,    L->router,
                          L->gate_exps, L->up_exps,  L->down_exps, L->shexp_gate, L->post_attn,
                          L->post_ffn,  L->attn_norm_b, L->ffn_norm_b, L->sinks, L->bo,
-                         L->router_b,  L->gate_b,   L->up_b,      L->down_b};
+                         L->router_b,  L->gate_b,   L->up_b,      L->down_b,  L->c_fc_b,
+                         L->c_proj_b};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
             free(all[i]);
     }
@@ -538,6 +583,7 @@ void ref_model_free(ref_model *m)
     free(m->embd);
     free(m->out_norm);
     free(m->out_norm_b);
+    free(m->out_b);
     free(m);
 }
 
@@ -672,6 +718,17 @@ static void ref_mlp(const ref_model *m, double *y, const double *xn, const doubl
     ref_matvec(y, down, g, NULL, m->dim, ff);
 }
 
+/* y (dim) = Starcoder2MLP of xn (dim): c_proj(gelu_pytorch_tanh(c_fc(xn))), u holding
+ * n_ff doubles. */
+static void ref_ungated_mlp(const ref_model *m, const ref_layer *L, double *y, const double *xn,
+                            double *u)
+{
+    ref_matvec(u, L->up, xn, L->c_fc_b, m->n_ff, m->dim);
+    for (int i = 0; i < m->n_ff; i++)
+        u[i] = 0.5 * u[i] * (1 + tanh(sqrt(2 / M_PI) * (u[i] + 0.044715 * u[i] * u[i] * u[i])));
+    ref_matvec(y, L->down, u, L->c_proj_b, m->dim, m->n_ff);
+}
+
 /* y (dim) = GptOssMLP of xn (dim): GptOssTopKRouter, then GptOssExperts; g and u hold
  * n_ff_exp doubles, tmp dim. */
 static void ref_gptoss_moe(const ref_model *m, const ref_layer *L, double *y, const double *xn,
@@ -783,7 +840,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     double *g = malloc((size_t)ff * sizeof(double));
     double *u = malloc((size_t)ff * sizeof(double));
     double *p = malloc((size_t)n * sizeof(double));
-    /* Cohere: each layer's input, which its MLP normalizes as its attention did */
+    /* Cohere, Phi-2: each layer's input, which its MLP normalizes as its attention did */
     double *x_in = m->parallel ? malloc((size_t)n * dim * sizeof(double)) : NULL;
 
     for (int t = 0; t < n; t++)
@@ -882,7 +939,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             if (m->no_input_norms)
                 memcpy(xn, x + (size_t)t * dim, (size_t)dim * sizeof(double));
             else if (m->parallel)
-                ref_norm(m, xn, (m->sequential ? x : x_in) + (size_t)t * dim, L->attn_norm, NULL);
+                ref_norm(m, xn, (m->sequential ? x : x_in) + (size_t)t * dim, L->attn_norm,
+                         L->attn_norm_b);
             else
                 ref_norm(m, xn, x + (size_t)t * dim, L->ffn_norm, L->ffn_norm_b);
             int *route = m->routes ? m->routes + ((size_t)l * n + t) * m->n_expert_used : NULL;
@@ -890,6 +948,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 ref_gptoss_moe(m, L, tmp, xn, tmp2, g, u, route);
             else if (m->n_expert)
                 ref_moe(m, L, tmp, xn, tmp2, g, u, route);
+            else if (m->ungated)
+                ref_ungated_mlp(m, L, tmp, xn, u);
             else
                 ref_mlp(m, tmp, xn, L->gate, L->up, L->down, m->n_ff, g, u);
             if (L->post_ffn)
@@ -902,7 +962,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     }
     for (int t = 0; t < n; t++) {
         ref_norm(m, xn, x + (size_t)t * dim, m->out_norm, m->out_norm_b);
-        ref_matvec(logits + (size_t)t * m->n_vocab, m->out, xn, NULL, m->n_vocab, dim);
+        ref_matvec(logits + (size_t)t * m->n_vocab, m->out, xn, m->out_b, m->n_vocab, dim);
         for (int i = 0; i < m->n_vocab; i++) {
             double *z = &logits[(size_t)t * m->n_vocab + i];
             *z = *z / m->logits_scaling * m->logit_scale;

@@ -1,0 +1,518 @@
+/*
+ * phi2 (Phi-2 in llama.cpp's layout) in the decoder engine, against the double-precision
+ * reference (tests/support/ref_forward.c, from Hugging Face's modeling_phi): one
+ * LayerNorm with bias read by the attention and the feed-forward side by side, their
+ * outputs added to the residual together; q/k/v/o with biases; NEOX RoPE over 0.4 of each
+ * head; the ungated feed-forward ffn_down(gelu_tanh(ffn_up x + b)) + b; the final
+ * LayerNorm and an output matrix with a bias.
+ *
+ * Models are modelgen's on a synthetic 260-token vocabulary, with q, k and v as three
+ * matrices (today's converter) and as one attn_qkv with its bias (files converted from
+ * HF's older Wqkv). The checks: the hyper-parameters the loader reads; logits against the
+ * reference on every attention path (a 40-row prefill on sgemm, sub-batches of 8 on
+ * per-row attention, gapped and out-of-order batches) in float and 8-bit weights; decodes
+ * on compressed KV chunks; mutations of the file that take away what phi2 adds (its
+ * biases, the output's bias, the LayerNorm biases, the parallel feed-forward: the same
+ * weights as starcoder2's sequential layer) move the reference past the tolerance, so the
+ * comparison would catch an engine that ignored them; a prefill equals the same tokens
+ * decoded one by one; sequences stacked in one step equal each alone, bit for bit; the
+ * partitioned long-prompt prefill equals one whole step; a file without a tensor or key
+ * it needs is refused, naming it. Tolerances are test_model.c's.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/model/model.h"
+#include "engine/quant/quant.h"
+#include "tests/support/model_check.h"
+#include "tests/support/ref_forward.h"
+#include "tests/support/test.h"
+
+#define TOL_FLOAT 0.02
+#define TOL_QUANT 0.2
+#define TOL_PART 1e-3
+#define TOL_KV_INT8 0.06
+#define TOL_KV_INT4 0.8
+#define N_VOCAB 260
+#define N_LAYER 4
+
+static modelgen_params phi2_params(uint32_t type)
+{
+    return (modelgen_params){.arch = "phi2", .dim = 128, .n_layer = N_LAYER, .n_head = 4,
+                             .n_head_kv = 4, .n_ff = 512, .n_ctx = 512, .type = type,
+                             .seed = 29, .n_vocab = N_VOCAB, .n_threads = 1};
+}
+
+static const char *gen(const modelgen_params *p, const char *name)
+{
+    static char path[4][512];
+    static int k;
+    char *out = path[k++ % 4];
+    snprintf(out, sizeof path[0], "%s/phi2-%s.gguf", test_tmpdir(), name);
+    char err[ERR_MAX];
+    if (modelgen_write(p, out, err) < 0) {
+        fprintf(stderr, "modelgen: %s\n", err);
+        return NULL;
+    }
+    return out;
+}
+
+/* How rewrite changes a file. */
+typedef struct phi2_edit {
+    const char *drop[3];  /* tensors left out (a prefix "blk.*." is every layer's), or NULL */
+    const char *zero[4];  /* tensors written as zeros (the shapes kept), or NULL */
+    const char *drop_key; /* a key left out, or NULL */
+    bool fuse_qkv;        /* each layer's q, k, v (and biases) as one attn_qkv, q's first */
+    bool as_starcoder2;   /* renamed starcoder2 (its keys with it), with ffn_norm a copy of
+                             attn_norm: the same weights in a sequential layer */
+} phi2_edit;
+
+/* Whether name is in list (a prefix "blk.*." is every layer's). */
+static bool listed(const char *const *list, int n, const char *name)
+{
+    for (int i = 0; i < n && list[i]; i++) {
+        const char *d = list[i];
+        if (!strncmp(d, "blk.*.", 6)) {
+            const char *dot = strncmp(name, "blk.", 4) ? NULL : strchr(name + 4, '.');
+            if (dot && !strcmp(dot + 1, d + 6))
+                return true;
+        } else if (!strcmp(name, d)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+static size_t tensor_bytes(const gguf_tensor *t)
+{
+    return quant_row_bytes(t->type, t->ne[0]) * (size_t)(t->ne[1] * t->ne[2]);
+}
+
+/* Layer l's attn_q, attn_k and attn_v tensors' (kind "weight" or "bias") data back to back
+ * in a fresh buffer (*out), their shape's last dimension summed into ne; -1 when one is
+ * missing. */
+static int fuse(const gguf_file *g, int l, const char *kind, int64_t ne[GGUF_MAX_DIMS],
+                void **out)
+{
+    const gguf_tensor *t[3];
+    const char *parts[3] = {"q", "k", "v"};
+    size_t bytes = 0;
+    for (int i = 0; i < 3; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "blk.%d.attn_%s.%s", l, parts[i], kind);
+        if (!(t[i] = gguf_find_tensor(g, name)))
+            return -1;
+        bytes += tensor_bytes(t[i]);
+    }
+    char *buf = malloc(bytes);
+    if (!buf)
+        return -1;
+    size_t at = 0;
+    for (int i = 0; i < 3; i++) {
+        memcpy(buf + at, t[i]->data, tensor_bytes(t[i]));
+        at += tensor_bytes(t[i]);
+    }
+    int last = t[0]->n_dims - 1;
+    for (int d = 0; d < GGUF_MAX_DIMS; d++)
+        ne[d] = t[0]->ne[d];
+    ne[last] = t[0]->ne[last] + t[1]->ne[last] + t[2]->ne[last];
+    *out = buf;
+    return 0;
+}
+
+static int rewrite(const char *src, const char *dst, const phi2_edit *e)
+{
+    char err[ERR_MAX];
+    gguf_file *g = gguf_open(src, err);
+    if (!g)
+        return -1;
+    gguf_writer *w = gguf_writer_new();
+    int rc = w ? 0 : -1;
+    for (int64_t i = 0; i < gguf_n_kv(g) && rc == 0; i++) {
+        gguf_str k = gguf_key(g, i);
+        char key[160];
+        snprintf(key, sizeof key, "%.*s", (int)k.len, k.ptr);
+        uint32_t u;
+        float f;
+        if (e->drop_key && !strcmp(key, e->drop_key))
+            continue;
+        if (e->as_starcoder2 && !strcmp(key, "general.architecture")) {
+            rc = gguf_writer_set_str(w, key, "starcoder2");
+        } else if (e->as_starcoder2 && !strncmp(key, "phi2.", 5)) {
+            char renamed[176];
+            snprintf(renamed, sizeof renamed, "starcoder2.%s", key + 5);
+            if (gguf_kv_type(g, i) == GGUF_UINT32 && gguf_get_u32(g, key, &u))
+                rc = gguf_writer_set_u32(w, renamed, u);
+            else if (gguf_kv_type(g, i) == GGUF_FLOAT32 && gguf_get_f32(g, key, &f))
+                rc = gguf_writer_set_f32(w, renamed, f);
+            else
+                rc = -1;
+        } else {
+            rc = gguf_writer_copy_kv(w, g, i);
+        }
+    }
+    /* the writer reads the data when it writes: one buffer of zeros as large as the
+     * largest tensor, and each layer's fused q/k/v, live until then */
+    size_t largest = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++)
+        largest = tensor_bytes(gguf_tensor_at(g, i)) > largest ? tensor_bytes(gguf_tensor_at(g, i))
+                                                                : largest;
+    void *zeros = calloc(1, largest);
+    void *fused[2 * N_LAYER] = {NULL};
+    if (!zeros)
+        rc = -1;
+    static const char *const qkv[] = {"blk.*.attn_q.weight", "blk.*.attn_k.weight",
+                                      "blk.*.attn_v.weight", "blk.*.attn_q.bias",
+                                      "blk.*.attn_k.bias",   "blk.*.attn_v.bias"};
+    for (int64_t i = 0; i < gguf_n_tensors(g) && rc == 0; i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        if (listed(e->drop, 3, name))
+            continue;
+        int l = -1;
+        sscanf(name, "blk.%d.", &l);
+        if (e->fuse_qkv && listed(qkv, 6, name)) {
+            /* written once, where attn_q's tensor was */
+            bool weight = strstr(name, ".weight") != NULL;
+            if (!strstr(name, "attn_q.") || l < 0 || l >= N_LAYER)
+                continue;
+            int64_t ne[GGUF_MAX_DIMS];
+            char fname[64];
+            snprintf(fname, sizeof fname, "blk.%d.attn_qkv.%s", l, weight ? "weight" : "bias");
+            void **buf = &fused[2 * l + !weight];
+            if (listed(e->drop, 3, fname))
+                continue;
+            rc = fuse(g, l, weight ? "weight" : "bias", ne, buf) < 0
+                     ? -1
+                     : gguf_writer_add_tensor(w, fname, t->type, t->n_dims, ne, *buf);
+            continue;
+        }
+        rc = gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne,
+                                    listed(e->zero, 4, name) ? zeros : t->data);
+        if (rc == 0 && e->as_starcoder2 && l >= 0 && strstr(name, ".attn_norm.")) {
+            char copy[64];
+            snprintf(copy, sizeof copy, "blk.%d.ffn_norm.%s", l,
+                     strstr(name, ".weight") ? "weight" : "bias");
+            rc = gguf_writer_add_tensor(w, copy, t->type, t->n_dims, t->ne, t->data);
+        }
+    }
+    if (rc == 0)
+        rc = gguf_writer_write(w, dst, err);
+    for (int i = 0; i < 2 * N_LAYER; i++)
+        free(fused[i]);
+    free(zeros);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return rc;
+}
+
+/* p's file, rewritten with its q, k and v fused when fused (name distinguishes them). */
+static const char *gen_variant(const modelgen_params *p, const char *name, bool fused)
+{
+    const char *path = gen(p, name);
+    if (!path || !fused)
+        return path;
+    static char out[512];
+    snprintf(out, sizeof out, "%s/phi2-%s-fused.gguf", test_tmpdir(), name);
+    phi2_edit e = {.fuse_qkv = true};
+    return rewrite(path, out, &e) == 0 ? out : NULL;
+}
+
+static int32_t tok_at(int i)
+{
+    return (int32_t)((i * 37 + 11) % N_VOCAB);
+}
+
+/* A prefill of 40, 6 decodes, then a fresh sequence with gapped and out-of-order batches
+ * (positions 0..7, 30..37, then 12..15 after them). */
+static const model_check_plan PLAN = {.n_prefill = 40, .n_total = 46, .gap_b = 30, .gap_c = 12};
+
+/* ---- hyper-parameters ---- */
+
+static void test_metadata(void)
+{
+    char err[ERR_MAX] = "modelgen";
+    for (int fused = 0; fused < 2; fused++) {
+        modelgen_params p = phi2_params(QTYPE_F32);
+        const char *path = gen_variant(&p, "meta", fused);
+        model *m = path ? model_load(path, err) : NULL;
+        CHECK_MSG(m, "%s", err);
+        const model_hparams *hp = model_hparams_of(m);
+        CHECK_EQ(hp->arch, (int)MODEL_ARCH_PHI2);
+        CHECK_EQ(hp->norm, MODEL_NORM_LAYER);
+        CHECK_EQ(hp->ffn_act, MODEL_FFN_GELU_TANH_UNGATED);
+        CHECK(hp->parallel && hp->pre_norms && !hp->post_norms);
+        CHECK_EQ(hp->rope_style, MODEL_ROPE_HALVES);
+        CHECK_EQ(hp->rope_dims, 12); /* int(0.4 * 128) / 4, even */
+        CHECK_NEAR(hp->norm_eps, 1e-5, 1e-12);
+        CHECK_NEAR(hp->rope_base, 10000.0, 1e-3);
+        model_free(m);
+    }
+}
+
+/* ---- the forward against the reference ---- */
+
+static void test_logits_vs_reference(void)
+{
+    const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_Q8_0};
+    for (int fused = 0; fused < 2; fused++)
+        for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+            modelgen_params p = phi2_params(types[t]);
+            const char *path = gen_variant(&p, "ref", fused);
+            CHECK(path);
+            bool f16_rounds = types[t] == QTYPE_F16 && quant_f16_rounds_activation(p.dim);
+            double tol = types[t] == QTYPE_F32 || (types[t] == QTYPE_F16 && !f16_rounds)
+                             ? TOL_FLOAT : TOL_QUANT;
+            /* 512: the 40-row prefill takes sgemm attention; 8: dot kernels and per-row
+             * attention in sub-batches */
+            double d1 = model_check_file(path, 512, 2, &PLAN), d2 = model_check_file(path, 8, 1, &PLAN);
+            printf("  %s%s: max |logit diff| %.4g (sgemm) %.4g (per row)\n",
+                   quant_traits_of(types[t])->name, fused ? " attn_qkv" : "", d1, d2);
+            CHECK_MSG(d1 <= tol && d2 <= tol, "%s%s: %g %g > %g",
+                      quant_traits_of(types[t])->name, fused ? " attn_qkv" : "", d1, d2, tol);
+        }
+}
+
+/* Decodes on the prefix's chunks compressed to 8 and 4 bits (and left f16) against the
+ * reference's exact KV. */
+static void test_compressed_kv(void)
+{
+    char err[ERR_MAX];
+    modelgen_params p = phi2_params(QTYPE_F32);
+    model *m = model_load(gen(&p, "kv"), err);
+    CHECK_MSG(m, "%s", err);
+    ref_model *rm = ref_model_load(model_gguf(m));
+    CHECK(rm);
+    double e16 = model_check_compressed(m, rm, KV_F16);
+    double e8 = model_check_compressed(m, rm, KV_INT8), e4 = model_check_compressed(m, rm, KV_INT4);
+    printf("  max |logit diff| vs exact KV: f16 %.4f int8 %.4f int4 %.4f\n", e16, e8, e4);
+    CHECK(e16 <= TOL_FLOAT);
+    CHECK(e8 <= TOL_KV_INT8);
+    CHECK(e4 <= TOL_KV_INT4);
+    ref_model_free(rm);
+    model_free(m);
+}
+
+/* The reference of each mutated file (the same weights without one of phi2's parts) is
+ * more than 5 float tolerances from the original's: a forward that skipped that part
+ * would fail the comparison above. */
+static void test_parts_matter(void)
+{
+    static const struct {
+        const char *what;
+        phi2_edit edit;
+    } muts[] = {
+        {"q/k/v/o biases",
+         {.zero = {"blk.*.attn_q.bias", "blk.*.attn_k.bias", "blk.*.attn_v.bias",
+                   "blk.*.attn_output.bias"}}},
+        {"feed-forward's biases", {.zero = {"blk.*.ffn_up.bias", "blk.*.ffn_down.bias"}}},
+        {"output's bias", {.zero = {"output.bias"}}},
+        {"LayerNorm biases", {.zero = {"blk.*.attn_norm.bias", "output_norm.bias"}}},
+        {"parallel feed-forward", {.as_starcoder2 = true}},
+    };
+    enum { N = 40 };
+    int32_t tok[N], pos[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = tok_at(i), pos[i] = i;
+    double *with = malloc(sizeof(double) * N * N_VOCAB);
+    double *without = malloc(sizeof(double) * N * N_VOCAB);
+    char err[ERR_MAX], dst[512];
+    snprintf(dst, sizeof dst, "%s/phi2-mutated.gguf", test_tmpdir());
+    modelgen_params p = phi2_params(QTYPE_F32);
+    const char *src = gen(&p, "whole");
+    CHECK(src);
+    gguf_file *gp = gguf_open(src, err);
+    ref_model *rp = gp ? ref_model_load(gp) : NULL;
+    CHECK(rp);
+    ref_forward(rp, N, tok, pos, with, NULL, NULL);
+    for (size_t c = 0; c < sizeof muts / sizeof *muts; c++) {
+        CHECK(rewrite(src, dst, &muts[c].edit) == 0);
+        gguf_file *gq = gguf_open(dst, err);
+        ref_model *rq = gq ? ref_model_load(gq) : NULL;
+        CHECK(rq);
+        ref_forward(rq, N, tok, pos, without, NULL, NULL);
+        double d = 0;
+        for (size_t i = 0; i < (size_t)N * N_VOCAB; i++)
+            d = fmax(d, fabs(with[i] - without[i]));
+        printf("  without its %s: the reference moves by %.3g\n", muts[c].what, d);
+        CHECK_MSG(d > 5 * TOL_FLOAT, "%s: %g", muts[c].what, d);
+        ref_model_free(rq);
+        gguf_close(gq);
+    }
+    ref_model_free(rp);
+    gguf_close(gp);
+    free(with), free(without);
+}
+
+/* ---- the engine's paths against each other ---- */
+
+/* A prefill of 48 tokens gives the logits of 48 single-token decodes (sgemm attention over
+ * f32 K/V against per-row attention over f16 blocks: rounding apart). */
+static void test_prefill_equals_decode(void)
+{
+    enum { N = 48 };
+    char err[ERR_MAX];
+    int32_t tok[N], pos[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = tok_at(i * 3 + 1), pos[i] = i;
+    float *a = malloc(sizeof(float) * N * N_VOCAB), *b = malloc(sizeof(float) * N * N_VOCAB);
+    modelgen_params p = phi2_params(QTYPE_F32);
+    model *m = model_load(gen(&p, "pd"), err);
+    CHECK_MSG(m, "%s", err);
+    model_runner *r = model_runner_new(m, 2, 0, 0, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    CHECK(r && pool);
+    CHECK(model_check_run(r, pool, N_VOCAB, N, tok, pos, false, a) == 0);
+    CHECK(model_check_run(r, pool, N_VOCAB, N, tok, pos, true, b) == 0);
+    double d = model_check_max_rel(a, b, (size_t)N * N_VOCAB);
+    printf("  prefill vs decode %.2g\n", d);
+    CHECK(d <= TOL_PART);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    model_free(m);
+    free(a), free(b);
+}
+
+/* Three sequences advanced in one step (two decode rows and a slice of 5: 7 stacked rows)
+ * give each one's logits alone, bit for bit (f32 weights: per-row dot kernels, per-row
+ * attention, as alone). */
+static void test_batched_equals_alone(void)
+{
+    char err[ERR_MAX];
+    modelgen_params p = phi2_params(QTYPE_F32);
+    model *m = model_load(gen(&p, "bat"), err);
+    CHECK_MSG(m, "%s", err);
+    model_runner *r = model_runner_new(m, 2, 64, 128, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    CHECK(r && pool);
+    const int hist[3] = {30, 45, 12}, step[3] = {1, 1, 5};
+    int32_t tok[3][64], pos[3][64];
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < 64; i++)
+            tok[s][i] = tok_at(i * (s + 2) + s), pos[s][i] = i;
+    float *alone = malloc(sizeof(float) * 7 * N_VOCAB);
+    float *stacked = malloc(sizeof(float) * 7 * N_VOCAB);
+    int32_t rows[5] = {0, 1, 2, 3, 4};
+    kv_seq seq[2][3];
+    for (int v = 0; v < 2; v++)
+        for (int s = 0; s < 3; s++) {
+            kv_seq_init(&seq[v][s], pool);
+            model_batch h = {.n_tokens = hist[s], .tokens = tok[s], .positions = pos[s]};
+            CHECK(model_forward(r, &seq[v][s], &h, err) == 0);
+        }
+    model_batch bs[3];
+    int off = 0;
+    for (int s = 0; s < 3; s++) {
+        bs[s] = (model_batch){.n_tokens = step[s], .tokens = tok[s] + hist[s],
+                              .positions = pos[s] + hist[s], .n_out = step[s],
+                              .out_rows = rows, .logits = alone + (size_t)off * N_VOCAB};
+        CHECK(model_forward(r, &seq[0][s], &bs[s], err) == 0);
+        bs[s].logits = stacked + (size_t)off * N_VOCAB;
+        off += step[s];
+    }
+    kv_seq *ptrs[3] = {&seq[1][0], &seq[1][1], &seq[1][2]};
+    CHECK_MSG(model_forward_batch(r, 3, ptrs, bs, err) == 0, "%s", err);
+    CHECK_MSG(memcmp(alone, stacked, sizeof(float) * 7 * N_VOCAB) == 0, "%g",
+              model_check_max_rel(alone, stacked, (size_t)7 * N_VOCAB));
+    for (int v = 0; v < 2; v++)
+        for (int s = 0; s < 3; s++)
+            kv_seq_free(&seq[v][s]);
+    free(alone), free(stacked);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    model_free(m);
+}
+
+/* Score blocks of fewer rows (moderate partitioning) and row slices (severe: each slice's
+ * K/V appended before the next; slices under 16 rows take the per-row path) give the
+ * unpartitioned logits and hidden rows, after a history left f16 and one compressed to 8
+ * bits. */
+static void test_partitioned_prefill(void)
+{
+    char err[ERR_MAX];
+    const struct {
+        int rows, attn_rows;
+    } cases[] = {{MODEL_CHECK_PROMPT, 4}, {MODEL_CHECK_PROMPT, 1}, {24, 4}, {33, 32}, {10, 10}};
+    const enum kv_precision hist[] = {KV_F16, KV_INT8};
+    double worst = 0;
+    modelgen_params p = phi2_params(QTYPE_F32);
+    model *m = model_load(gen(&p, "part"), err);
+    CHECK_MSG(m, "%s", err);
+    int max_kv = MODEL_CHECK_HIST + MODEL_CHECK_PROMPT;
+    model_runner_opts wo = {.n_threads = 2, .max_batch = MODEL_CHECK_PROMPT, .max_kv = max_kv,
+                            .attn_rows = MODEL_CHECK_PROMPT};
+    model_runner *whole = model_runner_new_opts(m, &wo, err);
+    CHECK(whole);
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        model_runner_opts po = {.n_threads = 2, .max_batch = cases[k].rows, .max_kv = max_kv,
+                                .attn_rows = cases[k].attn_rows};
+        model_runner *part = model_runner_new_opts(m, &po, err);
+        CHECK(part);
+        for (int h = 0; h < 2; h++) {
+            double d = model_check_partitioned(m, whole, part, hist[h]);
+            CHECK_MSG(d <= TOL_PART, "rows %d blocks %d: %g", cases[k].rows,
+                      cases[k].attn_rows, d);
+            worst = fmax(worst, d);
+        }
+        model_runner_free(part);
+    }
+    model_runner_free(whole);
+    model_free(m);
+    printf("  partitioned vs whole: %.2g\n", worst);
+}
+
+/* ---- refusals ---- */
+
+/* A file without a tensor phi2 needs (its biases and output matrix included, as llama.cpp
+ * requires them; a fused file's attn_qkv.bias) or without its LayerNorm epsilon is
+ * refused, naming it. */
+static void test_missing_parts_refused(void)
+{
+    static const struct {
+        const char *tensor;
+        bool fused;
+    } needed[] = {
+        {"output.bias", false},          {"output.weight", false},
+        {"blk.1.attn_output.bias", false}, {"blk.2.ffn_up.bias", false},
+        {"blk.3.ffn_down.bias", false},  {"blk.0.attn_norm.bias", false},
+        {"blk.2.attn_k.bias", false},    {"output_norm.bias", false},
+        {"blk.1.attn_qkv.bias", true},
+    };
+    char err[ERR_MAX], dst[512];
+    snprintf(dst, sizeof dst, "%s/phi2-broken.gguf", test_tmpdir());
+    modelgen_params p = phi2_params(QTYPE_F16);
+    const char *src = gen(&p, "whole");
+    CHECK(src);
+    for (size_t i = 0; i < sizeof needed / sizeof *needed; i++) {
+        phi2_edit e = {.drop = {needed[i].tensor}, .fuse_qkv = needed[i].fused};
+        CHECK(rewrite(src, dst, &e) == 0);
+        err[0] = '\0';
+        CHECK(model_load(dst, err) == NULL);
+        printf("  refused: %s\n", err);
+        CHECK_MSG(strstr(err, needed[i].tensor) && strstr(err, "missing"), "%s", err);
+    }
+    phi2_edit e = {.drop_key = "phi2.attention.layer_norm_epsilon"};
+    CHECK(rewrite(src, dst, &e) == 0);
+    err[0] = '\0';
+    CHECK(model_load(dst, err) == NULL);
+    printf("  refused: %s\n", err);
+    CHECK_MSG(strstr(err, "phi2.attention.layer_norm_epsilon"), "%s", err);
+}
+
+int main(void)
+{
+    RUN(test_metadata);
+    RUN(test_logits_vs_reference);
+    RUN(test_compressed_kv);
+    RUN(test_parts_matter);
+    RUN(test_prefill_equals_decode);
+    RUN(test_batched_equals_alone);
+    RUN(test_partitioned_prefill);
+    RUN(test_missing_parts_refused);
+    return test_finish();
+}

@@ -1,0 +1,503 @@
+/*
+ * starcoder2 (StarCoder2 3B/7B/15B in llama.cpp's layout) in the decoder engine, against
+ * the double-precision reference (tests/support/ref_forward.c, from Hugging Face's
+ * modeling_starcoder2): LayerNorms with biases, q/k/v/o with biases, grouped-query
+ * attention, NEOX RoPE over the whole head, and the ungated feed-forward
+ * ffn_down(gelu_tanh(ffn_up x + b)) + b.
+ *
+ * Models are modelgen's on a synthetic 260-token vocabulary (4 heads on 2 KV heads). The
+ * checks: the hyper-parameters the loader reads; ops_gelu_tanh_bias against the formula;
+ * logits against the reference on every attention path (a 40-row prefill on sgemm,
+ * sub-batches of 8 on per-row attention, gapped and out-of-order batches) in float and
+ * 8-bit weights, with the output matrix of its own and tied to the embedding; decodes on
+ * compressed KV chunks; mutations of the file that take away what starcoder2 adds (the
+ * biases of q/k/v/o, of the feed-forward, of the LayerNorms; the feed-forward itself)
+ * move the reference past the tolerance, so the comparison would catch an engine that
+ * ignored them; a prefill equals the same tokens decoded one by one; sequences stacked in
+ * one step equal each alone, bit for bit; the partitioned long-prompt prefill equals one
+ * whole step; a file without a tensor or key it needs is refused, naming it. Last, a
+ * StarCoder2-like vocabulary ("<fim_prefix>", "<fim_suffix>", "<fim_middle>" as control
+ * tokens, no key naming them) has the roles /infill needs. Tolerances are test_model.c's.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "daemon/infill.h"
+#include "engine/gguf/gguf.h"
+#include "engine/gguf/modelgen.h"
+#include "engine/model/model.h"
+#include "engine/model/ops.h"
+#include "engine/quant/quant.h"
+#include "engine/tok/tokenizer.h"
+#include "tests/support/model_check.h"
+#include "tests/support/ref_forward.h"
+#include "tests/support/test.h"
+
+#define TOL_FLOAT 0.02
+#define TOL_QUANT 0.2
+#define TOL_PART 1e-3
+#define TOL_KV_INT8 0.06
+#define TOL_KV_INT4 0.8
+#define N_VOCAB 260
+
+static modelgen_params sc2_params(uint32_t type)
+{
+    return (modelgen_params){.arch = "starcoder2", .dim = 128, .n_layer = 4, .n_head = 4,
+                             .n_head_kv = 2, .n_ff = 512, .n_ctx = 512, .type = type,
+                             .seed = 23, .n_vocab = N_VOCAB, .n_threads = 1};
+}
+
+static const char *gen(const modelgen_params *p, const char *name)
+{
+    static char path[4][512];
+    static int k;
+    char *out = path[k++ % 4];
+    snprintf(out, sizeof path[0], "%s/starcoder2-%s.gguf", test_tmpdir(), name);
+    char err[ERR_MAX];
+    if (modelgen_write(p, out, err) < 0) {
+        fprintf(stderr, "modelgen: %s\n", err);
+        return NULL;
+    }
+    return out;
+}
+
+/* Whether name is one of the tensors in list (a prefix "blk.*." is every layer's). */
+static bool listed(const char *const *list, const char *name)
+{
+    for (int i = 0; list[i]; i++) {
+        const char *d = list[i];
+        if (!strncmp(d, "blk.*.", 6)) {
+            const char *dot = strncmp(name, "blk.", 4) ? NULL : strchr(name + 4, '.');
+            if (dot && !strcmp(dot + 1, d + 6))
+                return true;
+        } else if (!strcmp(name, d)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+/* src rewritten to dst with the tensors in drop (NULL-ended) left out, those in zero
+ * written as zeros (a part taken away with the file's shapes kept) and the key drop_key
+ * (or NULL) left out. */
+static int rewrite(const char *src, const char *dst, const char *const *drop,
+                   const char *const *zero, const char *drop_key)
+{
+    char err[ERR_MAX];
+    gguf_file *g = gguf_open(src, err);
+    if (!g)
+        return -1;
+    gguf_writer *w = gguf_writer_new();
+    int rc = w ? 0 : -1;
+    for (int64_t i = 0; i < gguf_n_kv(g) && rc == 0; i++) {
+        gguf_str k = gguf_key(g, i);
+        if (!drop_key || !gguf_str_eq(k, drop_key))
+            rc = gguf_writer_copy_kv(w, g, i);
+    }
+    /* the writer reads each tensor's data when it writes: one buffer of zeros as large as
+     * the largest tensor serves every zeroed one */
+    size_t largest = 0;
+    for (int64_t i = 0; i < gguf_n_tensors(g); i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        size_t bytes = quant_row_bytes(t->type, t->ne[0]) * (size_t)(t->ne[1] * t->ne[2]);
+        largest = bytes > largest ? bytes : largest;
+    }
+    void *zeros = calloc(1, largest);
+    if (!zeros)
+        rc = -1;
+    for (int64_t i = 0; i < gguf_n_tensors(g) && rc == 0; i++) {
+        const gguf_tensor *t = gguf_tensor_at(g, i);
+        char name[128];
+        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+        if (!listed(drop, name))
+            rc = gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->ne,
+                                        listed(zero, name) ? zeros : t->data);
+    }
+    if (rc == 0)
+        rc = gguf_writer_write(w, dst, err);
+    free(zeros);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return rc;
+}
+
+static int32_t tok_at(int i)
+{
+    return (int32_t)((i * 37 + 11) % N_VOCAB);
+}
+
+/* A prefill of 40, 6 decodes, then a fresh sequence with gapped and out-of-order batches
+ * (positions 0..7, 30..37, then 12..15 after them). */
+static const model_check_plan PLAN = {.n_prefill = 40, .n_total = 46, .gap_b = 30, .gap_c = 12};
+
+/* ---- hyper-parameters and the activation ---- */
+
+static void test_metadata(void)
+{
+    char err[ERR_MAX] = "modelgen";
+    modelgen_params p = sc2_params(QTYPE_F32);
+    const char *path = gen(&p, "meta");
+    model *m = path ? model_load(path, err) : NULL;
+    CHECK_MSG(m, "%s", err);
+    const model_hparams *hp = model_hparams_of(m);
+    CHECK_EQ(hp->arch, (int)MODEL_ARCH_STARCODER2);
+    CHECK_EQ(hp->norm, MODEL_NORM_LAYER);
+    CHECK_EQ(hp->ffn_act, MODEL_FFN_GELU_TANH_UNGATED);
+    CHECK_EQ(hp->rope_style, MODEL_ROPE_HALVES);
+    CHECK_EQ(hp->rope_dims, 32);
+    CHECK(hp->n_head == 4 && hp->n_head_kv == 2 && hp->n_ff == 512);
+    CHECK(hp->pre_norms && !hp->post_norms && hp->swa_window == 0 && hp->sliding_window == 0);
+    CHECK_NEAR(hp->norm_eps, 1e-5, 1e-12);
+    CHECK_NEAR(hp->rope_base, 1e6, 1e-3);
+    CHECK_EQ(model_layer_window(hp, 0), 0);
+    model_free(m);
+}
+
+/* ops_gelu_tanh_bias (AVX2 lanes and the scalar tail, 37 values) against
+ * 0.5 v (1 + tanh(sqrt(2/pi) (v + 0.044715 v^3))) in double, v = x + b, over -8..8. */
+static void test_gelu_tanh_bias(void)
+{
+    enum { N = 37 };
+    float x[N], b[N];
+    for (int i = 0; i < N; i++)
+        x[i] = -8.0f + 16.0f * (float)i / (N - 1), b[i] = 0.03f * (float)(i % 5) - 0.06f;
+    float y[N];
+    memcpy(y, x, sizeof y);
+    ops_gelu_tanh_bias(y, b, N);
+    double worst = 0;
+    for (int i = 0; i < N; i++) {
+        double v = (double)x[i] + b[i];
+        double want = 0.5 * v * (1 + tanh(sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)));
+        worst = fmax(worst, fabs(y[i] - want) / fmax(fabs(want), 1e-3));
+    }
+    printf("  max relative error %.2g\n", worst);
+    CHECK(worst < 2e-6);
+}
+
+/* ---- the forward against the reference ---- */
+
+static void test_logits_vs_reference(void)
+{
+    const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_Q8_0};
+    for (int tie = 0; tie < 2; tie++)
+        for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+            modelgen_params p = sc2_params(types[t]);
+            p.tie_output = tie;
+            const char *path = gen(&p, "ref");
+            CHECK(path);
+            bool f16_rounds = types[t] == QTYPE_F16 && quant_f16_rounds_activation(p.dim);
+            double tol = types[t] == QTYPE_F32 || (types[t] == QTYPE_F16 && !f16_rounds)
+                             ? TOL_FLOAT : TOL_QUANT;
+            /* 512: the 40-row prefill takes sgemm attention; 8: dot kernels and per-row
+             * attention in sub-batches */
+            double d1 = model_check_file(path, 512, 2, &PLAN), d2 = model_check_file(path, 8, 1, &PLAN);
+            printf("  %s%s: max |logit diff| %.4g (sgemm) %.4g (per row)\n",
+                   quant_traits_of(types[t])->name, tie ? " tied" : "", d1, d2);
+            CHECK_MSG(d1 <= tol && d2 <= tol, "%s%s: %g %g > %g", quant_traits_of(types[t])->name,
+                      tie ? " tied" : "", d1, d2, tol);
+        }
+}
+
+/* Decodes on the prefix's chunks compressed to 8 and 4 bits (and left f16) against the
+ * reference's exact KV. */
+static void test_compressed_kv(void)
+{
+    char err[ERR_MAX];
+    modelgen_params p = sc2_params(QTYPE_F32);
+    model *m = model_load(gen(&p, "kv"), err);
+    CHECK_MSG(m, "%s", err);
+    ref_model *rm = ref_model_load(model_gguf(m));
+    CHECK(rm);
+    double e16 = model_check_compressed(m, rm, KV_F16);
+    double e8 = model_check_compressed(m, rm, KV_INT8), e4 = model_check_compressed(m, rm, KV_INT4);
+    printf("  max |logit diff| vs exact KV: f16 %.4f int8 %.4f int4 %.4f\n", e16, e8, e4);
+    CHECK(e16 <= TOL_FLOAT);
+    CHECK(e8 <= TOL_KV_INT8);
+    CHECK(e4 <= TOL_KV_INT4);
+    ref_model_free(rm);
+    model_free(m);
+}
+
+/* The reference of each mutated file (the same weights with one of starcoder2's parts
+ * zeroed) is more than 5 float tolerances from the original's: a forward that skipped
+ * that part would fail the comparison above. */
+static void test_parts_matter(void)
+{
+    static const struct {
+        const char *what;
+        const char *zero[5];
+    } muts[] = {
+        {"q/k/v biases", {"blk.*.attn_q.bias", "blk.*.attn_k.bias", "blk.*.attn_v.bias", NULL}},
+        {"attention output's bias", {"blk.*.attn_output.bias", NULL}},
+        {"feed-forward's biases", {"blk.*.ffn_up.bias", "blk.*.ffn_down.bias", NULL}},
+        {"LayerNorm biases",
+         {"blk.*.attn_norm.bias", "blk.*.ffn_norm.bias", "output_norm.bias", NULL}},
+        {"ungated GELU feed-forward", {"blk.*.ffn_down.weight", "blk.*.ffn_down.bias", NULL}},
+    };
+    enum { N = 40 };
+    int32_t tok[N], pos[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = tok_at(i), pos[i] = i;
+    double *with = malloc(sizeof(double) * N * N_VOCAB);
+    double *without = malloc(sizeof(double) * N * N_VOCAB);
+    char err[ERR_MAX], dst[512];
+    snprintf(dst, sizeof dst, "%s/mutated.gguf", test_tmpdir());
+    modelgen_params p = sc2_params(QTYPE_F32);
+    const char *src = gen(&p, "whole");
+    CHECK(src);
+    gguf_file *gp = gguf_open(src, err);
+    ref_model *rp = gp ? ref_model_load(gp) : NULL;
+    CHECK(rp);
+    ref_forward(rp, N, tok, pos, with, NULL, NULL);
+    for (size_t c = 0; c < sizeof muts / sizeof *muts; c++) {
+        static const char *const none[] = {NULL};
+        CHECK(rewrite(src, dst, none, muts[c].zero, NULL) == 0);
+        gguf_file *gq = gguf_open(dst, err);
+        ref_model *rq = gq ? ref_model_load(gq) : NULL;
+        CHECK(rq);
+        ref_forward(rq, N, tok, pos, without, NULL, NULL);
+        double d = 0;
+        for (size_t i = 0; i < (size_t)N * N_VOCAB; i++)
+            d = fmax(d, fabs(with[i] - without[i]));
+        printf("  without its %s: the reference moves by %.3g\n", muts[c].what, d);
+        CHECK_MSG(d > 5 * TOL_FLOAT, "%s: %g", muts[c].what, d);
+        ref_model_free(rq);
+        gguf_close(gq);
+    }
+    ref_model_free(rp);
+    gguf_close(gp);
+    free(with), free(without);
+}
+
+/* ---- the engine's paths against each other ---- */
+
+/* A prefill of 48 tokens gives the logits of 48 single-token decodes (sgemm attention over
+ * f32 K/V against per-row attention over f16 blocks: rounding apart). */
+static void test_prefill_equals_decode(void)
+{
+    enum { N = 48 };
+    char err[ERR_MAX];
+    int32_t tok[N], pos[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = tok_at(i * 3 + 1), pos[i] = i;
+    float *a = malloc(sizeof(float) * N * N_VOCAB), *b = malloc(sizeof(float) * N * N_VOCAB);
+    modelgen_params p = sc2_params(QTYPE_F32);
+    model *m = model_load(gen(&p, "pd"), err);
+    CHECK_MSG(m, "%s", err);
+    model_runner *r = model_runner_new(m, 2, 0, 0, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    CHECK(r && pool);
+    CHECK(model_check_run(r, pool, N_VOCAB, N, tok, pos, false, a) == 0);
+    CHECK(model_check_run(r, pool, N_VOCAB, N, tok, pos, true, b) == 0);
+    double d = model_check_max_rel(a, b, (size_t)N * N_VOCAB);
+    printf("  prefill vs decode %.2g\n", d);
+    CHECK(d <= TOL_PART);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    model_free(m);
+    free(a), free(b);
+}
+
+/* Three sequences advanced in one step (two decode rows and a slice of 5: 7 stacked rows)
+ * give each one's logits alone, bit for bit (f32 weights: per-row dot kernels, per-row
+ * attention, as alone). */
+static void test_batched_equals_alone(void)
+{
+    char err[ERR_MAX];
+    modelgen_params p = sc2_params(QTYPE_F32);
+    model *m = model_load(gen(&p, "bat"), err);
+    CHECK_MSG(m, "%s", err);
+    model_runner *r = model_runner_new(m, 2, 64, 128, err);
+    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
+    CHECK(r && pool);
+    const int hist[3] = {30, 45, 12}, step[3] = {1, 1, 5};
+    int32_t tok[3][64], pos[3][64];
+    for (int s = 0; s < 3; s++)
+        for (int i = 0; i < 64; i++)
+            tok[s][i] = tok_at(i * (s + 2) + s), pos[s][i] = i;
+    float *alone = malloc(sizeof(float) * 7 * N_VOCAB);
+    float *stacked = malloc(sizeof(float) * 7 * N_VOCAB);
+    int32_t rows[5] = {0, 1, 2, 3, 4};
+    kv_seq seq[2][3];
+    for (int v = 0; v < 2; v++)
+        for (int s = 0; s < 3; s++) {
+            kv_seq_init(&seq[v][s], pool);
+            model_batch h = {.n_tokens = hist[s], .tokens = tok[s], .positions = pos[s]};
+            CHECK(model_forward(r, &seq[v][s], &h, err) == 0);
+        }
+    model_batch bs[3];
+    int off = 0;
+    for (int s = 0; s < 3; s++) {
+        bs[s] = (model_batch){.n_tokens = step[s], .tokens = tok[s] + hist[s],
+                              .positions = pos[s] + hist[s], .n_out = step[s],
+                              .out_rows = rows, .logits = alone + (size_t)off * N_VOCAB};
+        CHECK(model_forward(r, &seq[0][s], &bs[s], err) == 0);
+        bs[s].logits = stacked + (size_t)off * N_VOCAB;
+        off += step[s];
+    }
+    kv_seq *ptrs[3] = {&seq[1][0], &seq[1][1], &seq[1][2]};
+    CHECK_MSG(model_forward_batch(r, 3, ptrs, bs, err) == 0, "%s", err);
+    CHECK_MSG(memcmp(alone, stacked, sizeof(float) * 7 * N_VOCAB) == 0, "%g",
+              model_check_max_rel(alone, stacked, (size_t)7 * N_VOCAB));
+    for (int v = 0; v < 2; v++)
+        for (int s = 0; s < 3; s++)
+            kv_seq_free(&seq[v][s]);
+    free(alone), free(stacked);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    model_free(m);
+}
+
+/* Score blocks of fewer rows (moderate partitioning) and row slices (severe: each slice's
+ * K/V appended before the next; slices under 16 rows take the per-row path) give the
+ * unpartitioned logits and hidden rows, after a history left f16 and one compressed to 8
+ * bits. */
+static void test_partitioned_prefill(void)
+{
+    char err[ERR_MAX];
+    const struct {
+        int rows, attn_rows;
+    } cases[] = {{MODEL_CHECK_PROMPT, 4}, {MODEL_CHECK_PROMPT, 1}, {24, 4}, {33, 32}, {10, 10}};
+    const enum kv_precision hist[] = {KV_F16, KV_INT8};
+    double worst = 0;
+    modelgen_params p = sc2_params(QTYPE_F32);
+    model *m = model_load(gen(&p, "part"), err);
+    CHECK_MSG(m, "%s", err);
+    int max_kv = MODEL_CHECK_HIST + MODEL_CHECK_PROMPT;
+    model_runner_opts wo = {.n_threads = 2, .max_batch = MODEL_CHECK_PROMPT, .max_kv = max_kv,
+                            .attn_rows = MODEL_CHECK_PROMPT};
+    model_runner *whole = model_runner_new_opts(m, &wo, err);
+    CHECK(whole);
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        model_runner_opts po = {.n_threads = 2, .max_batch = cases[k].rows, .max_kv = max_kv,
+                                .attn_rows = cases[k].attn_rows};
+        model_runner *part = model_runner_new_opts(m, &po, err);
+        CHECK(part);
+        for (int h = 0; h < 2; h++) {
+            double d = model_check_partitioned(m, whole, part, hist[h]);
+            CHECK_MSG(d <= TOL_PART, "rows %d blocks %d: %g", cases[k].rows,
+                      cases[k].attn_rows, d);
+            worst = fmax(worst, d);
+        }
+        model_runner_free(part);
+    }
+    model_runner_free(whole);
+    model_free(m);
+    printf("  partitioned vs whole: %.2g\n", worst);
+}
+
+/* ---- refusals ---- */
+
+/* A file without a tensor starcoder2 needs (its biases included, as llama.cpp requires
+ * them) or without its LayerNorm epsilon is refused, naming it. */
+static void test_missing_parts_refused(void)
+{
+    static const char *const needed[] = {
+        "blk.1.attn_q.bias",   "blk.2.attn_v.bias",    "blk.0.attn_output.bias",
+        "blk.3.ffn_up.bias",   "blk.1.ffn_down.bias",  "blk.2.ffn_up.weight",
+        "blk.0.attn_norm.bias", "blk.3.ffn_norm.bias", "output_norm.bias",
+    };
+    char err[ERR_MAX], dst[512];
+    snprintf(dst, sizeof dst, "%s/broken.gguf", test_tmpdir());
+    modelgen_params p = sc2_params(QTYPE_F16);
+    const char *src = gen(&p, "whole");
+    CHECK(src);
+    static const char *const none[] = {NULL};
+    for (size_t i = 0; i < sizeof needed / sizeof *needed; i++) {
+        const char *drop[] = {needed[i], NULL};
+        CHECK(rewrite(src, dst, drop, none, NULL) == 0);
+        err[0] = '\0';
+        CHECK(model_load(dst, err) == NULL);
+        printf("  refused: %s\n", err);
+        CHECK_MSG(strstr(err, needed[i]) && strstr(err, "missing"), "%s", err);
+    }
+    CHECK(rewrite(src, dst, none, none, "starcoder2.attention.layer_norm_epsilon") == 0);
+    err[0] = '\0';
+    CHECK(model_load(dst, err) == NULL);
+    printf("  refused: %s\n", err);
+    CHECK_MSG(strstr(err, "starcoder2.attention.layer_norm_epsilon"), "%s", err);
+}
+
+/* ---- fill-in-the-middle ---- */
+
+/* A byte-level BPE vocabulary as StarCoder2's begins ("<|endoftext|>", then its FIM and
+ * repository tokens, all control tokens; no key names them), with "a", "b", "ab" and a
+ * few more, written into a starcoder2 model: the tokenizer the daemon loads from it has
+ * FIM_PRE, FIM_SUF and FIM_MID, infill_supported says so, the bare infill prompt is
+ * FIM_PRE prefix FIM_SUF suffix FIM_MID (no BOS: StarCoder2's tokenizer adds none), and
+ * "<fim_pad>" and "<|endoftext|>" end generation. */
+static void test_fim_vocabulary(void)
+{
+    enum { EOT, PRE, MID, SUF, PAD, REPO, FILE_SEP, A, B, AB, SPACE, N_TOK };
+    static const char *const texts[N_TOK] = {
+        "<|endoftext|>", "<fim_prefix>", "<fim_middle>", "<fim_suffix>", "<fim_pad>",
+        "<repo_name>",   "<file_sep>",   "a",            "b",            "ab",
+        "\xc4\xa0", /* byte-level BPE's space */
+    };
+    float scores[N_TOK] = {0};
+    int32_t types[N_TOK];
+    for (int i = 0; i < N_TOK; i++)
+        types[i] = i < A ? 3 : 1;
+    static const char *const merges[] = {"a b"};
+    char vpath[512], err[ERR_MAX] = "";
+    snprintf(vpath, sizeof vpath, "%s/starcoder2-vocab.gguf", test_tmpdir());
+    gguf_writer *w = gguf_writer_new();
+    bool ok = w && gguf_writer_set_str(w, "tokenizer.ggml.model", "gpt2") == 0 &&
+              gguf_writer_set_str(w, "tokenizer.ggml.pre", "starcoder") == 0 &&
+              gguf_writer_set_str_arr(w, "tokenizer.ggml.tokens", texts, N_TOK) == 0 &&
+              gguf_writer_set_arr(w, "tokenizer.ggml.scores", GGUF_FLOAT32, scores, N_TOK) == 0 &&
+              gguf_writer_set_arr(w, "tokenizer.ggml.token_type", GGUF_INT32, types, N_TOK) == 0 &&
+              gguf_writer_set_str_arr(w, "tokenizer.ggml.merges", merges, 1) == 0 &&
+              gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", EOT) == 0 &&
+              gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", EOT) == 0 &&
+              gguf_writer_set_bool(w, "tokenizer.ggml.add_bos_token", false) == 0 &&
+              gguf_writer_write(w, vpath, err) == 0;
+    gguf_writer_free(w);
+    CHECK_MSG(ok, "%s", err);
+    gguf_file *vg = gguf_open(vpath, err);
+    CHECK_MSG(vg, "%s", err);
+    modelgen_params p = sc2_params(QTYPE_F32);
+    p.vocab = vg;
+    const char *path = gen(&p, "fim");
+    gguf_close(vg);
+    CHECK(path);
+
+    model *m = model_load(path, err);
+    CHECK_MSG(m, "%s", err);
+    tokenizer *tok = NULL;
+    CHECK_MSG(tok_load(model_gguf(m), &tok, err) == 0, "%s", err);
+    CHECK_EQ(model_hparams_of(m)->n_vocab, N_TOK);
+    CHECK_EQ(tok_special(tok, TOK_SPECIAL_FIM_PRE), PRE);
+    CHECK_EQ(tok_special(tok, TOK_SPECIAL_FIM_SUF), SUF);
+    CHECK_EQ(tok_special(tok, TOK_SPECIAL_FIM_MID), MID);
+    CHECK_EQ(tok_special(tok, TOK_SPECIAL_FIM_PAD), PAD);
+    char msg[256] = "";
+    CHECK_MSG(infill_supported(tok, msg, sizeof msg), "%s", msg);
+    CHECK(tok_is_eog(tok, PAD) && tok_is_eog(tok, EOT));
+    CHECK(!tok_is_eog(tok, PRE) && !tok_is_eog(tok, MID));
+    int32_t *ids = NULL;
+    int n = 0;
+    CHECK_MSG(infill_bare_tokens(tok, "ab", "ba", &ids, &n, err) == 0, "%s", err);
+    const int32_t want[] = {PRE, AB, SUF, B, A, MID};
+    CHECK_MSG(n == 6 && ids && !memcmp(ids, want, sizeof want), "%d tokens", n);
+    free(ids);
+    tok_free(tok);
+    model_free(m);
+}
+
+int main(void)
+{
+    RUN(test_metadata);
+    RUN(test_gelu_tanh_bias);
+    RUN(test_logits_vs_reference);
+    RUN(test_compressed_kv);
+    RUN(test_parts_matter);
+    RUN(test_prefill_equals_decode);
+    RUN(test_batched_equals_alone);
+    RUN(test_partitioned_prefill);
+    RUN(test_missing_parts_refused);
+    RUN(test_fim_vocabulary);
+    return test_finish();
+}
