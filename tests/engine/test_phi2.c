@@ -355,27 +355,12 @@ static void test_parts_matter(void)
  * f32 K/V against per-row attention over f16 blocks: rounding apart). */
 static void test_prefill_equals_decode(void)
 {
-    enum { N = 48 };
-    char err[ERR_MAX];
-    int32_t tok[N], pos[N];
-    for (int i = 0; i < N; i++)
-        tok[i] = tok_at(i * 3 + 1), pos[i] = i;
-    float *a = malloc(sizeof(float) * N * N_VOCAB), *b = malloc(sizeof(float) * N * N_VOCAB);
     modelgen_params p = phi2_params(QTYPE_F32);
-    model *m = model_load(gen(&p, "pd"), err);
-    CHECK_MSG(m, "%s", err);
-    model_runner *r = model_runner_new(m, 2, 0, 0, err);
-    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
-    CHECK(r && pool);
-    CHECK(model_check_run(r, pool, N_VOCAB, N, tok, pos, false, a) == 0);
-    CHECK(model_check_run(r, pool, N_VOCAB, N, tok, pos, true, b) == 0);
-    double d = model_check_max_rel(a, b, (size_t)N * N_VOCAB);
+    const char *path = gen(&p, "pd");
+    CHECK(path);
+    double d = model_check_prefill_vs_decode(path);
     printf("  prefill vs decode %.2g\n", d);
     CHECK(d <= TOL_PART);
-    kv_pool_free(pool);
-    model_runner_free(r);
-    model_free(m);
-    free(a), free(b);
 }
 
 /* Three sequences advanced in one step (two decode rows and a slice of 5: 7 stacked rows)
@@ -383,49 +368,11 @@ static void test_prefill_equals_decode(void)
  * attention, as alone). */
 static void test_batched_equals_alone(void)
 {
-    char err[ERR_MAX];
     modelgen_params p = phi2_params(QTYPE_F32);
-    model *m = model_load(gen(&p, "bat"), err);
-    CHECK_MSG(m, "%s", err);
-    model_runner *r = model_runner_new(m, 2, 64, 128, err);
-    kv_pool *pool = kv_pool_new(model_kv_shape(m), 0, err);
-    CHECK(r && pool);
-    const int hist[3] = {30, 45, 12}, step[3] = {1, 1, 5};
-    int32_t tok[3][64], pos[3][64];
-    for (int s = 0; s < 3; s++)
-        for (int i = 0; i < 64; i++)
-            tok[s][i] = tok_at(i * (s + 2) + s), pos[s][i] = i;
-    float *alone = malloc(sizeof(float) * 7 * N_VOCAB);
-    float *stacked = malloc(sizeof(float) * 7 * N_VOCAB);
-    int32_t rows[5] = {0, 1, 2, 3, 4};
-    kv_seq seq[2][3];
-    for (int v = 0; v < 2; v++)
-        for (int s = 0; s < 3; s++) {
-            kv_seq_init(&seq[v][s], pool);
-            model_batch h = {.n_tokens = hist[s], .tokens = tok[s], .positions = pos[s]};
-            CHECK(model_forward(r, &seq[v][s], &h, err) == 0);
-        }
-    model_batch bs[3];
-    int off = 0;
-    for (int s = 0; s < 3; s++) {
-        bs[s] = (model_batch){.n_tokens = step[s], .tokens = tok[s] + hist[s],
-                              .positions = pos[s] + hist[s], .n_out = step[s],
-                              .out_rows = rows, .logits = alone + (size_t)off * N_VOCAB};
-        CHECK(model_forward(r, &seq[0][s], &bs[s], err) == 0);
-        bs[s].logits = stacked + (size_t)off * N_VOCAB;
-        off += step[s];
-    }
-    kv_seq *ptrs[3] = {&seq[1][0], &seq[1][1], &seq[1][2]};
-    CHECK_MSG(model_forward_batch(r, 3, ptrs, bs, err) == 0, "%s", err);
-    CHECK_MSG(memcmp(alone, stacked, sizeof(float) * 7 * N_VOCAB) == 0, "%g",
-              model_check_max_rel(alone, stacked, (size_t)7 * N_VOCAB));
-    for (int v = 0; v < 2; v++)
-        for (int s = 0; s < 3; s++)
-            kv_seq_free(&seq[v][s]);
-    free(alone), free(stacked);
-    kv_pool_free(pool);
-    model_runner_free(r);
-    model_free(m);
+    const char *path = gen(&p, "bat");
+    CHECK(path);
+    double d;
+    CHECK_MSG(model_check_batched_vs_alone(path, &d) == 1, "%g", d);
 }
 
 /* Score blocks of fewer rows (moderate partitioning) and row slices (severe: each slice's
@@ -434,36 +381,13 @@ static void test_batched_equals_alone(void)
  * bits. */
 static void test_partitioned_prefill(void)
 {
-    char err[ERR_MAX];
-    const struct {
-        int rows, attn_rows;
-    } cases[] = {{MODEL_CHECK_PROMPT, 4}, {MODEL_CHECK_PROMPT, 1}, {24, 4}, {33, 32}, {10, 10}};
     const enum kv_precision hist[] = {KV_F16, KV_INT8};
-    double worst = 0;
     modelgen_params p = phi2_params(QTYPE_F32);
-    model *m = model_load(gen(&p, "part"), err);
-    CHECK_MSG(m, "%s", err);
-    int max_kv = MODEL_CHECK_HIST + MODEL_CHECK_PROMPT;
-    model_runner_opts wo = {.n_threads = 2, .max_batch = MODEL_CHECK_PROMPT, .max_kv = max_kv,
-                            .attn_rows = MODEL_CHECK_PROMPT};
-    model_runner *whole = model_runner_new_opts(m, &wo, err);
-    CHECK(whole);
-    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
-        model_runner_opts po = {.n_threads = 2, .max_batch = cases[k].rows, .max_kv = max_kv,
-                                .attn_rows = cases[k].attn_rows};
-        model_runner *part = model_runner_new_opts(m, &po, err);
-        CHECK(part);
-        for (int h = 0; h < 2; h++) {
-            double d = model_check_partitioned(m, whole, part, hist[h]);
-            CHECK_MSG(d <= TOL_PART, "rows %d blocks %d: %g", cases[k].rows,
-                      cases[k].attn_rows, d);
-            worst = fmax(worst, d);
-        }
-        model_runner_free(part);
-    }
-    model_runner_free(whole);
-    model_free(m);
-    printf("  partitioned vs whole: %.2g\n", worst);
+    const char *path = gen(&p, "part");
+    CHECK(path);
+    double d = model_check_partitioned_shapes(path, hist, 2);
+    CHECK_MSG(d <= TOL_PART, "%g", d);
+    printf("  partitioned vs whole: %.2g\n", d);
 }
 
 /* ---- refusals ---- */

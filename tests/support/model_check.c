@@ -286,3 +286,130 @@ out:
     model_free(m);
     return rc;
 }
+
+/* Token i of the engine-path checks. */
+static int32_t model_check_token(int i, int n_vocab)
+{
+    return (int32_t)((i * 37 + 11) % n_vocab);
+}
+
+double model_check_prefill_vs_decode(const char *path)
+{
+    enum { N = 48 };
+    char err[ERR_MAX];
+    double d = 1e9;
+    model *m = model_load(path, err);
+    model_runner *r = m ? model_runner_new(m, 2, 0, 0, err) : NULL;
+    kv_pool *pool = r ? kv_pool_new(model_kv_shape(m), 0, err) : NULL;
+    int n_vocab = m ? model_hparams_of(m)->n_vocab : 0;
+    float *a = malloc(sizeof(float) * N * (size_t)n_vocab);
+    float *b = malloc(sizeof(float) * N * (size_t)n_vocab);
+    int32_t tok[N], pos[N];
+    for (int i = 0; i < N; i++)
+        tok[i] = model_check_token(i * 3 + 1, n_vocab > 0 ? n_vocab : 1), pos[i] = i;
+    if (!pool || !a || !b)
+        fprintf(stderr, "prefill vs decode: %s\n", m ? err : "cannot load the model");
+    else if (model_check_run(r, pool, n_vocab, N, tok, pos, false, a) == 0 &&
+             model_check_run(r, pool, n_vocab, N, tok, pos, true, b) == 0)
+        d = model_check_max_rel(a, b, (size_t)N * (size_t)n_vocab);
+    free(a), free(b);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    model_free(m);
+    return d;
+}
+
+int model_check_batched_vs_alone(const char *path, double *diff)
+{
+    enum { N_SEQ = 3, N_ROWS = 7, N_TOK = 64 };
+    const int hist[N_SEQ] = {30, 45, 12}, step[N_SEQ] = {1, 1, 5};
+    char err[ERR_MAX];
+    int rc = -1;
+    *diff = 1e9;
+    model *m = model_load(path, err);
+    model_runner *r = m ? model_runner_new(m, 2, N_TOK, 128, err) : NULL;
+    kv_pool *pool = r ? kv_pool_new(model_kv_shape(m), 0, err) : NULL;
+    size_t n_vocab = m ? (size_t)model_hparams_of(m)->n_vocab : 0;
+    float *alone = malloc(sizeof(float) * N_ROWS * n_vocab);
+    float *stacked = malloc(sizeof(float) * N_ROWS * n_vocab);
+    kv_seq seq[2][N_SEQ];
+    int n_seq = 0;
+    if (!pool || !alone || !stacked) {
+        fprintf(stderr, "batched vs alone: %s\n", m ? err : "cannot load the model");
+        goto out;
+    }
+    int32_t tok[N_SEQ][N_TOK], pos[N_SEQ][N_TOK], rows[5] = {0, 1, 2, 3, 4};
+    for (int s = 0; s < N_SEQ; s++)
+        for (int i = 0; i < N_TOK; i++)
+            tok[s][i] = model_check_token(i * (s + 2) + s, (int)n_vocab), pos[s][i] = i;
+    for (; n_seq < N_SEQ; n_seq++)
+        for (int v = 0; v < 2; v++)
+            kv_seq_init(&seq[v][n_seq], pool);
+    for (int s = 0; s < N_SEQ; s++)
+        for (int v = 0; v < 2; v++) {
+            model_batch h = {.n_tokens = hist[s], .tokens = tok[s], .positions = pos[s]};
+            if (model_forward(r, &seq[v][s], &h, err) < 0)
+                goto engine_error;
+        }
+    model_batch bs[N_SEQ];
+    for (int s = 0, off = 0; s < N_SEQ; off += step[s], s++) {
+        bs[s] = (model_batch){.n_tokens = step[s], .tokens = tok[s] + hist[s],
+                              .positions = pos[s] + hist[s], .n_out = step[s],
+                              .out_rows = rows, .logits = alone + (size_t)off * n_vocab};
+        if (model_forward(r, &seq[0][s], &bs[s], err) < 0)
+            goto engine_error;
+        bs[s].logits = stacked + (size_t)off * n_vocab;
+    }
+    kv_seq *ptrs[N_SEQ] = {&seq[1][0], &seq[1][1], &seq[1][2]};
+    if (model_forward_batch(r, N_SEQ, ptrs, bs, err) < 0)
+        goto engine_error;
+    *diff = model_check_max_rel(alone, stacked, N_ROWS * n_vocab);
+    rc = memcmp(alone, stacked, sizeof(float) * N_ROWS * n_vocab) == 0;
+    goto out;
+engine_error:
+    fprintf(stderr, "batched vs alone: %s\n", err);
+out:
+    for (int s = 0; s < n_seq; s++)
+        for (int v = 0; v < 2; v++)
+            kv_seq_free(&seq[v][s]);
+    free(alone), free(stacked);
+    kv_pool_free(pool);
+    model_runner_free(r);
+    model_free(m);
+    return rc;
+}
+
+double model_check_partitioned_shapes(const char *path, const enum kv_precision *hist,
+                                      int n_hist)
+{
+    static const struct {
+        int rows, attn_rows;
+    } shapes[] = {{MODEL_CHECK_PROMPT, 4}, {MODEL_CHECK_PROMPT, 1}, {24, 4}, {33, 32}, {10, 10}};
+    const int max_kv = MODEL_CHECK_HIST + MODEL_CHECK_PROMPT;
+    char err[ERR_MAX];
+    double worst = 0;
+    model *m = model_load(path, err);
+    model_runner_opts wo = {.n_threads = 2, .max_batch = MODEL_CHECK_PROMPT, .max_kv = max_kv,
+                            .attn_rows = MODEL_CHECK_PROMPT};
+    model_runner *whole = m ? model_runner_new_opts(m, &wo, err) : NULL;
+    if (!whole) {
+        fprintf(stderr, "partitioned: %s\n", err);
+        worst = 1e9;
+    }
+    for (size_t k = 0; whole && k < sizeof shapes / sizeof *shapes; k++) {
+        model_runner_opts po = {.n_threads = 2, .max_batch = shapes[k].rows, .max_kv = max_kv,
+                                .attn_rows = shapes[k].attn_rows};
+        model_runner *part = model_runner_new_opts(m, &po, err);
+        if (!part) {
+            fprintf(stderr, "partitioned: %s\n", err);
+            worst = 1e9;
+            break;
+        }
+        for (int h = 0; h < n_hist; h++)
+            worst = fmax(worst, model_check_partitioned(m, whole, part, hist[h]));
+        model_runner_free(part);
+    }
+    model_runner_free(whole);
+    model_free(m);
+    return worst;
+}

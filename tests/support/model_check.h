@@ -50,6 +50,24 @@ int model_check_run(model_runner *r, kv_pool *pool, int n_vocab, int n, const in
 double model_check_partitioned(const model *m, model_runner *whole, model_runner *part,
                                enum kv_precision hist_p);
 
+/* The engine's paths against each other, on the model at path (tokens as above): */
+
+/* A prefill of 48 tokens against the same tokens decoded one by one (sgemm attention over
+ * f32 K/V against per-row attention over f16 blocks): the max relative logit difference
+ * (1e9 on an engine error, which is printed). */
+double model_check_prefill_vs_decode(const char *path);
+
+/* Three sequences advanced in one step (two decode rows and a slice of 5: 7 stacked rows)
+ * against each advanced alone: 1 when their logits are the same bits, 0 when not, -1 on
+ * an engine error (printed); *diff the max relative difference. */
+int model_check_batched_vs_alone(const char *path, double *diff);
+
+/* model_check_partitioned over five shapes (score blocks of 4 and 1 row, row slices of
+ * 24, 33 and 10 rows, the last two taking the per-row path below 16) after a history of
+ * each precision of hist[0..n_hist): the worst difference (1e9 on an engine error). */
+double model_check_partitioned_shapes(const char *path, const enum kv_precision *hist,
+                                      int n_hist);
+
 /* The engine's greedy continuation of prompt (n ids) in this process, the model at path
  * loaded as llmsd loads it (its Q8_0 matrices repacked where the CPU has the kernels, so
  * that its products are the daemon's bits): the prompt in one forward, then one token at
