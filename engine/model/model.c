@@ -424,12 +424,46 @@ static int model_read_gemma(const gguf_file *g, const char *arch, model_hparams 
     return 0;
 }
 
+/* {arch}.attention.sliding_window_pattern into hp->swa_pattern: a period P (the layers
+ * l with l % P < P - 1 slide), or a boolean per layer as convert_hf_to_gguf.py writes
+ * HF's layer_types, which must be all but every P-th (a P past the last layer: all
+ * slide); dflt without the key. 0, or -1 with err. */
+static int model_read_swa_pattern(const gguf_file *g, const char *arch, int dflt,
+                                  model_hparams *hp, char err[ERR_MAX])
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
+    enum gguf_value_type et;
+    uint64_t n;
+    if (!gguf_get_arr(g, key, &et, &n))
+        return model_get_dim(g, arch, "attention.sliding_window_pattern", dflt,
+                             &hp->swa_pattern, err);
+    bool *slides = malloc((size_t)hp->n_layer * sizeof *slides);
+    if (!slides)
+        return err_set(err, "out of memory");
+    if (!gguf_arr_bool(g, key, slides, (uint64_t)hp->n_layer)) {
+        free(slides);
+        return err_set(err, "metadata key '%s' is not %d booleans", key, hp->n_layer);
+    }
+    int period = 1;
+    while (period <= hp->n_layer && slides[period - 1])
+        period++;
+    bool every_pth = true;
+    for (int l = 0; every_pth && l < hp->n_layer; l++)
+        every_pth = slides[l] == (l % period < period - 1);
+    free(slides);
+    if (!every_pth)
+        return err_set(err, "metadata key '%s': only every p-th layer global is supported", key);
+    hp->swa_pattern = period;
+    return 0;
+}
+
 /*
  * gpt-oss's hyper-parameters, as llama.cpp reads them and Hugging Face's GptOssConfig
  * defines them: attention.sliding_window (required; 128 in the published models) on the
  * layers HF's layer_types make "sliding_attention", the even ones (swa_pattern 2, as
- * llama.cpp's; its optional attention.sliding_window_pattern, a period, is read too, the
- * per-layer array form is refused); a rope.freq_base_swa other than rope.freq_base (which
+ * llama.cpp's; its optional attention.sliding_window_pattern is read too,
+ * model_read_swa_pattern); a rope.freq_base_swa other than rope.freq_base (which
  * llama.cpp would apply to the sliding layers, YaRN-scaled) is refused, as this engine's
  * other base for sliding layers is gemma3's unscaled one;
  * attention.layer_norm_rms_epsilon required; the experts' clamped SwiGLU,
@@ -446,7 +480,7 @@ static int model_read_gptoss(const gguf_file *g, const char *arch, model_hparams
     float base_swa;
     if (model_require(g, arch, "attention.layer_norm_rms_epsilon", err) < 0 ||
         model_get_dim(g, arch, "attention.sliding_window", -1, &hp->swa_window, err) < 0 ||
-        model_get_dim(g, arch, "attention.sliding_window_pattern", 2, &hp->swa_pattern, err) < 0 ||
+        model_read_swa_pattern(g, arch, 2, hp, err) < 0 ||
         model_get_float(g, arch, "rope.freq_base_swa", hp->rope_base, &base_swa, err) < 0)
         return -1;
     if (base_swa != hp->rope_base)
@@ -543,32 +577,8 @@ static int model_read_exaone4(const gguf_file *g, const char *arch, model_hparam
         return err_set(err, "metadata key '%s.rope.freq_base_swa' is %g, not rope.freq_base's "
                             "%g: a RoPE base of the sliding layers' own is not supported",
                        arch, (double)base_swa, (double)hp->rope_base);
-    snprintf(key, sizeof key, "%s.attention.sliding_window_pattern", arch);
-    enum gguf_value_type et;
-    uint64_t n;
-    if (gguf_get_arr(g, key, &et, &n)) {
-        bool *slides = malloc((size_t)hp->n_layer * sizeof *slides);
-        if (!slides)
-            return err_set(err, "out of memory");
-        if (!gguf_arr_bool(g, key, slides, (uint64_t)hp->n_layer)) {
-            free(slides);
-            return err_set(err, "metadata key '%s' is not %d booleans", key, hp->n_layer);
-        }
-        int period = 1;
-        while (period <= hp->n_layer && slides[period - 1])
-            period++;
-        bool every_pth = true; /* a period past the last layer: every layer slides */
-        for (int l = 0; every_pth && l < hp->n_layer; l++)
-            every_pth = slides[l] == (l % period < period - 1);
-        free(slides);
-        if (!every_pth)
-            return err_set(err, "metadata key '%s': only every p-th layer global is supported",
-                           key);
-        hp->swa_pattern = period;
-    } else if (model_get_dim(g, arch, "attention.sliding_window_pattern", 4, &hp->swa_pattern,
-                             err) < 0) {
+    if (model_read_swa_pattern(g, arch, 4, hp, err) < 0)
         return -1;
-    }
     hp->nope_step = hp->swa_pattern;
     return 0;
 }
@@ -611,7 +621,8 @@ static int model_read_glm4(const gguf_file *g, const char *arch, model_hparams *
  * (required of cohere2; command-r's unscaled without it, as llama.cpp reads them).
  * cohere2 slides the window attention.sliding_window (required) over the layers l with
  * l % P < P - 1 and rotates only those, the others attending globally without RoPE: P is
- * attention.sliding_window_pattern, 4 without it (the models' layer_types).
+ * attention.sliding_window_pattern (model_read_swa_pattern), 4 without it (the models'
+ * layer_types).
  */
 static int model_read_cohere(const gguf_file *g, const char *arch, model_hparams *hp,
                              char err[ERR_MAX])
@@ -630,8 +641,7 @@ static int model_read_cohere(const gguf_file *g, const char *arch, model_hparams
     hp->logit_scale = 1.0f / logit_scale;
     if (cohere2) {
         if (model_get_dim(g, arch, "attention.sliding_window", -1, &hp->swa_window, err) < 0 ||
-            model_get_dim(g, arch, "attention.sliding_window_pattern", 4, &hp->swa_pattern,
-                          err) < 0)
+            model_read_swa_pattern(g, arch, 4, hp, err) < 0)
             return -1;
         hp->nope_step = hp->swa_pattern; /* the layers that do not slide */
     }
@@ -639,44 +649,26 @@ static int model_read_cohere(const gguf_file *g, const char *arch, model_hparams
 }
 
 /*
- * StarCoder2 (starcoder2: StarCoder2 3B/7B/15B), as llama.cpp reads it and HF's
- * Starcoder2ForCausalLM computes it: LayerNorms with biases before each sublayer and at
- * the output, epsilon attention.layer_norm_epsilon (required, as llama.cpp requires it),
- * NEOX RoPE (its converter stores q and k as HF has them), and Starcoder2MLP: c_proj of
- * gelu_pytorch_tanh of c_fc, both with biases, no gate. HF masks attention beyond its
- * sliding_window (4096 of the published models' 16384); llama.cpp's converter writes no
- * window and llama.cpp attends to every entry, as this engine does: the two agree up to
- * 4096 tokens.
+ * StarCoder2 (starcoder2: StarCoder2 3B/7B/15B) and Phi-2 (phi2), as llama.cpp reads them
+ * and HF's Starcoder2ForCausalLM and PhiForCausalLM compute them: LayerNorms with biases
+ * (epsilon attention.layer_norm_epsilon, required, as llama.cpp requires it), NEOX RoPE
+ * (their converters store q and k as HF has them; Phi-2 rotates rope.dimension_count, 32
+ * of its 80), and the ungated feed-forward Starcoder2MLP and PhiMLP share: c_proj of
+ * gelu's tanh form (gelu_pytorch_tanh, gelu_new) of c_fc, both with biases. StarCoder2
+ * has a norm before each sublayer; Phi-2 one whose output both read, their outputs added
+ * to the residual together (parallel), and an lm_head with its bias. HF masks
+ * StarCoder2's attention beyond its sliding_window (4096 of the published models' 16384);
+ * llama.cpp's converter writes no window and llama.cpp attends to every entry, as this
+ * engine does: the two agree up to 4096 tokens.
  */
-static int model_read_starcoder2(const gguf_file *g, const char *arch, model_hparams *hp,
-                                 char err[ERR_MAX])
+static int model_read_starcoder2_phi2(const gguf_file *g, const char *arch, model_hparams *hp,
+                                      char err[ERR_MAX])
 {
-    if (hp->arch != MODEL_ARCH_STARCODER2)
+    if (hp->arch != MODEL_ARCH_STARCODER2 && hp->arch != MODEL_ARCH_PHI2)
         return 0;
     hp->norm = MODEL_NORM_LAYER;
     hp->ffn_act = MODEL_FFN_GELU_TANH_UNGATED;
-    if (model_require(g, arch, "attention.layer_norm_epsilon", err) < 0 ||
-        model_get_float(g, arch, "attention.layer_norm_epsilon", 1e-5f, &hp->norm_eps, err) < 0)
-        return -1;
-    return 0;
-}
-
-/*
- * Phi-2 (phi2), as llama.cpp reads it and HF's PhiForCausalLM computes it: one LayerNorm
- * with bias (input_layernorm, epsilon attention.layer_norm_epsilon, required) whose output
- * both the attention and PhiMLP read, their outputs added to the residual together
- * (parallel); PhiMLP is fc2(gelu_new(fc1 x)), starcoder2's ungated feed-forward;
- * partial NEOX rotary over rope.dimension_count (32 of Phi-2's 80); the final LayerNorm
- * and lm_head with its bias.
- */
-static int model_read_phi2(const gguf_file *g, const char *arch, model_hparams *hp,
-                           char err[ERR_MAX])
-{
-    if (hp->arch != MODEL_ARCH_PHI2)
-        return 0;
-    hp->norm = MODEL_NORM_LAYER;
-    hp->ffn_act = MODEL_FFN_GELU_TANH_UNGATED;
-    hp->parallel = true;
+    hp->parallel = hp->arch == MODEL_ARCH_PHI2;
     if (model_require(g, arch, "attention.layer_norm_epsilon", err) < 0 ||
         model_get_float(g, arch, "attention.layer_norm_epsilon", 1e-5f, &hp->norm_eps, err) < 0)
         return -1;
@@ -778,7 +770,7 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         model_read_olmo2(m->g, arch, hp, err) < 0 || model_read_stablelm(m->g, arch, hp, err) < 0 ||
         model_read_mistral3(m->g, arch, hp, err) < 0 || model_read_exaone4(m->g, arch, hp, err) < 0 ||
         model_read_glm4(m->g, arch, hp, err) < 0 || model_read_cohere(m->g, arch, hp, err) < 0 ||
-        model_read_starcoder2(m->g, arch, hp, err) < 0 || model_read_phi2(m->g, arch, hp, err) < 0)
+        model_read_starcoder2_phi2(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }

@@ -175,7 +175,8 @@ static void test_metadata(void)
     model_free(m);
 
     /* newer llama.cpp's optional keys: a window period (3: layers 0 and 1 slide, 2 not);
-     * its per-layer array form and a sliding layers' RoPE base of their own are refused */
+     * an array that is not a boolean per layer (model_read_swa_pattern; test_archs has
+     * exaone4's booleans) and a sliding layers' RoPE base of their own are refused */
     char dst[512];
     snprintf(dst, sizeof dst, "%s/keyed.gguf", test_tmpdir());
     p.n_layer = 4;
