@@ -986,9 +986,11 @@ static int model_fused(const model *m, const char *name, int64_t rows, const cha
     return model_matrix(m, name, rows, m->hp.dim, out, err);
 }
 
-/* Phi-2's q, k and v of layer l as older conversions store them (HF's Wqkv): one attn_qkv
- * matrix and its bias, read as views of their rows (phi3's way), q's first. */
-static int model_load_phi2_qkv(model *m, model_layer *L, int l, char err[ERR_MAX])
+/* Layer l's q, k and v in one attn_qkv (q's rows, then k's, then v's: Phi-2's older
+ * conversions, ChatGLM's query_key_value), read as views of its rows, and its bias split
+ * the same way: required where bias_required, else read where the file has it. */
+static int model_load_fused_qkv(model *m, model_layer *L, int l, bool bias_required,
+                                char err[ERR_MAX])
 {
     const model_hparams *hp = &m->hp;
     int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
@@ -996,14 +998,17 @@ static int model_load_phi2_qkv(model *m, model_layer *L, int l, char err[ERR_MAX
     char name[96];
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
     ops_matrix qkv;
-    const float *b;
     if (model_fused(m, NAME("attn_qkv.weight"), q_dim + 2 * kv_dim,
-                    "n_head * head_dim + 2 * n_head_kv * head_dim (q, k, v)", &qkv, err) < 0 ||
-        model_vector(m, NAME("attn_qkv.bias"), q_dim + 2 * kv_dim, &b, err) < 0)
+                    "n_head * head_dim + 2 * n_head_kv * head_dim (q, k, v)", &qkv, err) < 0)
         return -1;
     L->wq = model_rows(&qkv, 0, q_dim);
     L->wk = model_rows(&qkv, q_dim, kv_dim);
     L->wv = model_rows(&qkv, q_dim + kv_dim, kv_dim);
+    if (!bias_required && !gguf_find_tensor(m->g, NAME("attn_qkv.bias")))
+        return 0;
+    const float *b;
+    if (model_vector(m, NAME("attn_qkv.bias"), q_dim + 2 * kv_dim, &b, err) < 0)
+        return -1;
     L->extras.bq = b;
     L->extras.bk = b + q_dim;
     L->extras.bv = b + q_dim + kv_dim;
@@ -1062,24 +1067,8 @@ static int model_load_glm4(model *m, model_layer *L, int l, char err[ERR_MAX])
         return -1;
     L->w_gate = model_rows(&gate_up, 0, hp->n_ff);
     L->w_up = model_rows(&gate_up, hp->n_ff, hp->n_ff);
-    if (gguf_find_tensor(m->g, NAME("attn_qkv.weight"))) {
-        ops_matrix qkv;
-        const float *b;
-        if (model_fused(m, name, q_dim + 2 * kv_dim,
-                        "n_head * head_dim + 2 * n_head_kv * head_dim (q, k, v)", &qkv, err) < 0)
-            return -1;
-        L->wq = model_rows(&qkv, 0, q_dim);
-        L->wk = model_rows(&qkv, q_dim, kv_dim);
-        L->wv = model_rows(&qkv, q_dim + kv_dim, kv_dim);
-        if (!gguf_find_tensor(m->g, NAME("attn_qkv.bias")))
-            return 0;
-        if (model_vector(m, name, q_dim + 2 * kv_dim, &b, err) < 0)
-            return -1;
-        L->extras.bq = b;
-        L->extras.bk = b + q_dim;
-        L->extras.bv = b + q_dim + kv_dim;
-        return 0;
-    }
+    if (gguf_find_tensor(m->g, NAME("attn_qkv.weight")))
+        return model_load_fused_qkv(m, L, l, false, err);
     if (model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq, err) < 0 ||
         model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim, &L->wk, err) < 0 ||
         model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim, &L->wv, err) < 0)
@@ -1192,7 +1181,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
             L->wv = model_rows(&qkv, q_dim + kv_dim, kv_dim);
             L->w_gate = model_rows(&gate_up, 0, hp->n_ff);
             L->w_up = model_rows(&gate_up, hp->n_ff, hp->n_ff);
-        } else if ((phi2_qkv ? model_load_phi2_qkv(m, L, l, err) < 0
+        } else if ((phi2_qkv ? model_load_fused_qkv(m, L, l, true, err) < 0
                              : model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq,
                                             err) < 0 ||
                                    model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim,
