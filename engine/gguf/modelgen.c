@@ -626,8 +626,10 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
           gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f) < 0 ||
           gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f) < 0)) ||
         (exaone4 && p->sliding_window &&
-         (gguf_writer_set_u32(w, KEY("attention.sliding_window"), (uint32_t)p->sliding_window) < 0 ||
-          modelgen_write_swa_pattern(w, KEY("attention.sliding_window_pattern"), p->n_layer, 4) < 0)) ||
+         (gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                              (uint32_t)p->sliding_window) < 0 ||
+          modelgen_write_swa_pattern(w, KEY("attention.sliding_window_pattern"), p->n_layer,
+                                     4) < 0)) ||
         (mistral3 &&
          (gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn") < 0 ||
           gguf_writer_set_f32(w, KEY("rope.scaling.factor"),

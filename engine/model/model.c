@@ -768,8 +768,9 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     hp->pre_norms = true;
     if (model_read_gemma(m->g, arch, hp, err) < 0 || model_read_gptoss(m->g, arch, hp, err) < 0 ||
         model_read_olmo2(m->g, arch, hp, err) < 0 || model_read_stablelm(m->g, arch, hp, err) < 0 ||
-        model_read_mistral3(m->g, arch, hp, err) < 0 || model_read_exaone4(m->g, arch, hp, err) < 0 ||
-        model_read_glm4(m->g, arch, hp, err) < 0 || model_read_cohere(m->g, arch, hp, err) < 0 ||
+        model_read_mistral3(m->g, arch, hp, err) < 0 ||
+        model_read_exaone4(m->g, arch, hp, err) < 0 || model_read_glm4(m->g, arch, hp, err) < 0 ||
+        model_read_cohere(m->g, arch, hp, err) < 0 ||
         model_read_starcoder2_phi2(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);

@@ -35,6 +35,7 @@
 #include "engine/gguf/modelgen.h"
 #include "engine/model/model.h"
 #include "engine/quant/quant.h"
+#include "tests/support/gguf_copy.h"
 #include "tests/support/model_check.h"
 #include "tests/support/ref_forward.h"
 #include "tests/support/test.h"
@@ -44,28 +45,12 @@
 #define TOL_PART 1e-3
 #define N_VOCAB 260
 
-/* A file rewritten from another: an architecture renamed (its keys with it), tensors
- * and a key left out, one number key replaced, a 1-D tensor cut short. */
-typedef struct arch_edit {
-    const char *rename;    /* the new general.architecture, or NULL */
-    const char *drop[4];   /* tensors left out (a prefix "blk.*." is every layer's), or NULL */
-    const char *drop_key;  /* a key left out, or NULL */
-    const char *f32_key;   /* a key set to f32_value, or NULL */
-    float f32_value;
-    const char *cut;       /* a 1-D tensor written with its first cut_to elements, or NULL */
-    int64_t cut_to;
-    const char *copy_from, *copy_to; /* a tensor written once more under another name */
-    const char *bools_key; /* a boolean array key set to bools[0..n_bools), or NULL */
-    const bool *bools;
-    int n_bools;
-} arch_edit;
-
 typedef struct arch_case {
     const char *arch;
     const char *label;     /* the case's name */
     int n_expert, n_expert_used, n_ff_shexp; /* modelgen's (0: a dense model) */
     const char *what;      /* what the mutation takes away */
-    arch_edit mutation;    /* the same weights without the architecture's own part */
+    gguf_edit mutation;    /* the same weights without the architecture's own part */
     const char *needed[3]; /* tensors a file must have, NULL-ended */
     int rope_orig_ctx;     /* modelgen's (mistral3: YaRN's original context) */
     int sliding_window;    /* modelgen's (exaone4: the 32B's hybrid attention) */
@@ -76,7 +61,7 @@ static const arch_case CASES[] = {
      {.drop = {"blk.*.post_attention_norm.weight", "blk.*.post_ffw_norm.weight"}},
      {"blk.1.post_ffw_norm.weight", "blk.0.attn_k_norm.weight", NULL}, 0, 0},
     {"granitemoe", "granitemoe", 8, 2, 0, "residual scale",
-     {.f32_key = "granitemoe.residual_scale", .f32_value = 1.0f},
+     {.num_key = "granitemoe.residual_scale", .num_value = 1.0},
      {"blk.1.ffn_gate_exps.weight", "blk.0.ffn_gate_inp.weight", NULL}, 0, 0},
     {"granitemoe", "granitemoe shared", 8, 2, 192, "shared expert",
      {.drop = {"blk.*.ffn_gate_shexp.weight", "blk.*.ffn_up_shexp.weight",
@@ -94,7 +79,7 @@ static const arch_case CASES[] = {
      {"blk.1.attn_norm.bias", "output_norm.bias", NULL}, 0, 0},
     /* an original context of 8: positions 8 and on have their queries scaled */
     {"mistral3", "mistral3", 0, 0, 0, "attention temperature",
-     {.f32_key = "mistral3.attention.temperature_scale", .f32_value = 0.0f},
+     {.num_key = "mistral3.attention.temperature_scale", .num_value = 0},
      {"blk.3.attn_v.weight", "token_embd.weight", NULL}, 8, 0},
     /* without the multiplier cos and sin are scaled by 1 + 0.1 ln 64 */
     {"mistral3", "mistral3 yarn", 0, 0, 0, "YaRN attention factor",
@@ -133,81 +118,6 @@ static const char *gen(const modelgen_params *p, const char *name)
         return NULL;
     }
     return out;
-}
-
-/* Whether tensor name is one of e's to drop. */
-static bool dropped(const arch_edit *e, const char *name)
-{
-    for (int i = 0; i < 4 && e->drop[i]; i++) {
-        const char *d = e->drop[i];
-        if (!strncmp(d, "blk.*.", 6)) {
-            const char *dot = strncmp(name, "blk.", 4) ? NULL : strchr(name + 4, '.');
-            if (dot && !strcmp(dot + 1, d + 6))
-                return true;
-        } else if (!strcmp(name, d)) {
-            return true;
-        }
-    }
-    return false;
-}
-
-static int rewrite(const char *src, const char *dst, const arch_edit *e)
-{
-    char err[ERR_MAX];
-    gguf_file *g = gguf_open(src, err);
-    if (!g)
-        return -1;
-    gguf_str a;
-    if (!gguf_get_str(g, "general.architecture", &a)) {
-        gguf_close(g);
-        return -1;
-    }
-    gguf_writer *w = gguf_writer_new();
-    int rc = 0;
-    for (int64_t i = 0; i < gguf_n_kv(g) && rc == 0; i++) {
-        gguf_str k = gguf_key(g, i);
-        char key[160];
-        snprintf(key, sizeof key, "%.*s", (int)k.len, k.ptr);
-        uint32_t u;
-        float f;
-        if (e->drop_key && !strcmp(key, e->drop_key)) {
-            continue;
-        } else if (e->rename && !strcmp(key, "general.architecture")) {
-            rc = gguf_writer_set_str(w, key, e->rename);
-        } else if (e->rename && k.len > a.len && !memcmp(key, a.ptr, a.len) && key[a.len] == '.') {
-            char renamed[160];
-            snprintf(renamed, sizeof renamed, "%s%s", e->rename, key + a.len);
-            if (gguf_kv_type(g, i) == GGUF_UINT32 && gguf_get_u32(g, key, &u))
-                rc = gguf_writer_set_u32(w, renamed, u);
-            else if (gguf_kv_type(g, i) == GGUF_FLOAT32 && gguf_get_f32(g, key, &f))
-                rc = gguf_writer_set_f32(w, renamed, f);
-            else
-                rc = -1;
-        } else if (e->f32_key && !strcmp(key, e->f32_key)) {
-            rc = gguf_writer_set_f32(w, key, e->f32_value);
-        } else if (e->bools_key && !strcmp(key, e->bools_key)) {
-            rc = gguf_writer_set_arr(w, key, GGUF_BOOL, e->bools, (uint64_t)e->n_bools);
-        } else {
-            rc = gguf_writer_copy_kv(w, g, i);
-        }
-    }
-    for (int64_t i = 0; i < gguf_n_tensors(g) && rc == 0; i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
-        char name[128];
-        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        int64_t ne[GGUF_MAX_DIMS] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
-        if (e->cut && !strcmp(name, e->cut) && t->n_dims == 1 && e->cut_to < ne[0])
-            ne[0] = e->cut_to;
-        if (!dropped(e, name))
-            rc = gguf_writer_add_tensor(w, name, t->type, t->n_dims, ne, t->data);
-        if (rc == 0 && e->copy_from && !strcmp(name, e->copy_from))
-            rc = gguf_writer_add_tensor(w, e->copy_to, t->type, t->n_dims, ne, t->data);
-    }
-    if (rc == 0)
-        rc = gguf_writer_write(w, dst, err);
-    gguf_writer_free(w);
-    gguf_close(g);
-    return rc;
 }
 
 static int32_t tok_at(int i)
@@ -368,7 +278,7 @@ static void test_arch_parts_matter(void)
     for (int c = 0; c < N_CASES; c++) {
         modelgen_params p = arch_params(&CASES[c], QTYPE_F32);
         const char *src = gen(&p, "whole");
-        CHECK(src && rewrite(src, dst, &CASES[c].mutation) == 0);
+        CHECK(src && gguf_copy_edited(src, dst, &CASES[c].mutation, err) == 0);
         gguf_file *gp = gguf_open(src, err), *gq = gguf_open(dst, err);
         CHECK(gp && gq);
         ref_model *rp = ref_model_load(gp), *rq = ref_model_load(gq);
@@ -449,8 +359,8 @@ static void test_missing_parts_refused(void)
         const char *src = gen(&p, "whole");
         CHECK(src);
         for (int i = 0; CASES[c].needed[i]; i++) {
-            arch_edit e = {.drop = {CASES[c].needed[i]}};
-            CHECK(rewrite(src, dst, &e) == 0);
+            gguf_edit e = {.drop = {CASES[c].needed[i]}};
+            CHECK(gguf_copy_edited(src, dst, &e, err) == 0);
             err[0] = '\0';
             CHECK(model_load(dst, err) == NULL);
             printf("  %s: refused: %s\n", CASES[c].label, err);
@@ -461,8 +371,8 @@ static void test_missing_parts_refused(void)
     modelgen_params p = arch_params(&CASES[0], QTYPE_F16);
     const char *src = gen(&p, "whole");
     CHECK(src);
-    arch_edit e = {.cut = "blk.2.attn_q_norm.weight", .cut_to = p.dim / p.n_head};
-    CHECK(rewrite(src, dst, &e) == 0);
+    gguf_edit e = {.cut = "blk.2.attn_q_norm.weight", .cut_to = p.dim / p.n_head};
+    CHECK(gguf_copy_edited(src, dst, &e, err) == 0);
     err[0] = '\0';
     CHECK(model_load(dst, err) == NULL);
     printf("  olmo2: refused: %s\n", err);
@@ -470,8 +380,9 @@ static void test_missing_parts_refused(void)
     p = arch_params(&CASES[5], QTYPE_F16);
     src = gen(&p, "whole");
     CHECK(src);
-    e = (arch_edit){.copy_from = "blk.1.attn_norm.weight", .copy_to = "blk.1.attn_q_norm.weight"};
-    CHECK(rewrite(src, dst, &e) == 0);
+    e = (gguf_edit){.copy_from = {"blk.1.attn_norm.weight"},
+                    .copy_to = {"blk.1.attn_q_norm.weight"}};
+    CHECK(gguf_copy_edited(src, dst, &e, err) == 0);
     CHECK(model_load(dst, err) == NULL);
     printf("  stablelm: refused: %s\n", err);
     CHECK_MSG(strstr(err, "blk.1.attn_q_norm.weight") && strstr(err, "not supported"), "%s", err);
@@ -480,9 +391,9 @@ static void test_missing_parts_refused(void)
     src = gen(&p, "whole");
     CHECK(src);
     const bool irregular[4] = {true, false, false, true};
-    e = (arch_edit){.bools_key = "exaone4.attention.sliding_window_pattern", .bools = irregular,
+    e = (gguf_edit){.bools_key = "exaone4.attention.sliding_window_pattern", .bools = irregular,
                     .n_bools = 4};
-    CHECK(rewrite(src, dst, &e) == 0);
+    CHECK(gguf_copy_edited(src, dst, &e, err) == 0);
     CHECK(model_load(dst, err) == NULL);
     printf("  exaone4: refused: %s\n", err);
     CHECK_MSG(strstr(err, "sliding_window_pattern") && strstr(err, "every p-th"), "%s", err);

@@ -28,6 +28,7 @@
 #include "engine/gguf/modelgen.h"
 #include "engine/model/model.h"
 #include "engine/quant/quant.h"
+#include "tests/support/gguf_copy.h"
 #include "tests/support/model_check.h"
 #include "tests/support/ref_forward.h"
 #include "tests/support/test.h"
@@ -39,18 +40,6 @@
 #define TOL_KV_INT4 0.8
 #define N_VOCAB 260
 #define WINDOW 16 /* cohere2's: the plan's 46 positions reach well past it */
-
-/* A file rewritten from another: an architecture renamed (its keys with it), tensors and
- * a key left out, one key's number replaced. */
-typedef struct cohere_edit {
-    const char *rename;   /* the new general.architecture, or NULL */
-    const char *drop[2];  /* tensors left out (a prefix "blk.*." is every layer's), or NULL */
-    const char *drop_key; /* a key left out, or NULL */
-    const char *num_key;  /* a key (f32 or u32) set to num_value (added as a u32 where the
-                             file has none), or NULL */
-    double num_value;
-    const char *first_row; /* a 2-D tensor written as its first row alone (1-D), or NULL */
-} cohere_edit;
 
 typedef struct cohere_case {
     const char *label;
@@ -91,79 +80,6 @@ static const char *gen(const modelgen_params *p, const char *name)
         return NULL;
     }
     return out;
-}
-
-static bool dropped(const cohere_edit *e, const char *name)
-{
-    for (int i = 0; i < 2 && e->drop[i]; i++) {
-        const char *d = e->drop[i];
-        if (!strncmp(d, "blk.*.", 6)) {
-            const char *dot = strncmp(name, "blk.", 4) ? NULL : strchr(name + 4, '.');
-            if (dot && !strcmp(dot + 1, d + 6))
-                return true;
-        } else if (!strcmp(name, d)) {
-            return true;
-        }
-    }
-    return false;
-}
-
-static int rewrite(const char *src, const char *dst, const cohere_edit *e)
-{
-    char err[ERR_MAX];
-    gguf_file *g = gguf_open(src, err);
-    if (!g)
-        return -1;
-    gguf_str a;
-    if (!gguf_get_str(g, "general.architecture", &a)) {
-        gguf_close(g);
-        return -1;
-    }
-    gguf_writer *w = gguf_writer_new();
-    int rc = 0;
-    bool num_found = false;
-    for (int64_t i = 0; i < gguf_n_kv(g) && rc == 0; i++) {
-        gguf_str k = gguf_key(g, i);
-        char key[160];
-        snprintf(key, sizeof key, "%.*s", (int)k.len, k.ptr);
-        uint32_t u;
-        float f;
-        if (e->drop_key && !strcmp(key, e->drop_key)) {
-            continue;
-        } else if (e->num_key && !strcmp(key, e->num_key)) {
-            num_found = true;
-            rc = gguf_kv_type(g, i) == GGUF_UINT32 ? gguf_writer_set_u32(w, key, (uint32_t)e->num_value)
-                                                   : gguf_writer_set_f32(w, key, (float)e->num_value);
-        } else if (e->rename && !strcmp(key, "general.architecture")) {
-            rc = gguf_writer_set_str(w, key, e->rename);
-        } else if (e->rename && k.len > a.len && !memcmp(key, a.ptr, a.len) && key[a.len] == '.') {
-            char renamed[160];
-            snprintf(renamed, sizeof renamed, "%s%s", e->rename, key + a.len);
-            if (gguf_kv_type(g, i) == GGUF_UINT32 && gguf_get_u32(g, key, &u))
-                rc = gguf_writer_set_u32(w, renamed, u);
-            else if (gguf_kv_type(g, i) == GGUF_FLOAT32 && gguf_get_f32(g, key, &f))
-                rc = gguf_writer_set_f32(w, renamed, f);
-            else
-                rc = -1;
-        } else {
-            rc = gguf_writer_copy_kv(w, g, i);
-        }
-    }
-    if (rc == 0 && e->num_key && !num_found)
-        rc = gguf_writer_set_u32(w, e->num_key, (uint32_t)e->num_value);
-    for (int64_t i = 0; i < gguf_n_tensors(g) && rc == 0; i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
-        char name[128];
-        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        bool row = e->first_row && !strcmp(name, e->first_row);
-        if (!dropped(e, name))
-            rc = gguf_writer_add_tensor(w, name, t->type, row ? 1 : t->n_dims, t->ne, t->data);
-    }
-    if (rc == 0)
-        rc = gguf_writer_write(w, dst, err);
-    gguf_writer_free(w);
-    gguf_close(g);
-    return rc;
 }
 
 static int32_t tok_at(int i)
@@ -230,8 +146,8 @@ static void test_window_pattern(void)
     snprintf(dst, sizeof dst, "%s/pattern2.gguf", test_tmpdir());
     modelgen_params p = cohere_params(&CASES[C_COHERE2], QTYPE_F32);
     const char *src = gen(&p, "pattern");
-    cohere_edit e = {.num_key = "cohere2.attention.sliding_window_pattern", .num_value = 2};
-    CHECK(src && rewrite(src, dst, &e) == 0);
+    gguf_edit e = {.num_key = "cohere2.attention.sliding_window_pattern", .num_value = 2};
+    CHECK(src && gguf_copy_edited(src, dst, &e, err) == 0);
     model *m = model_load(dst, err);
     CHECK_MSG(m, "%s", err);
     const model_hparams *hp = model_hparams_of(m);
@@ -262,7 +178,8 @@ static void test_logits_vs_reference(void)
                              ? TOL_FLOAT : TOL_QUANT * sqrt(p.n_layer / 4.0);
             /* 512: the 40-row prefill takes sgemm attention; 8: dot kernels and per-row
              * attention in sub-batches */
-            double d1 = model_check_file(path, 512, 2, &PLAN), d2 = model_check_file(path, 8, 1, &PLAN);
+            double d1 = model_check_file(path, 512, 2, &PLAN);
+            double d2 = model_check_file(path, 8, 1, &PLAN);
             printf("  %s %s: max |logit diff| %.4g (sgemm) %.4g (per row)\n", CASES[c].label,
                    quant_traits_of(types[t])->name, d1, d2);
             CHECK_MSG(d1 <= tol && d2 <= tol, "%s %s: %g %g > %g", CASES[c].label,
@@ -281,7 +198,8 @@ static void test_compressed_kv(void)
         CHECK_MSG(m, "%s", err);
         ref_model *rm = ref_model_load(model_gguf(m));
         CHECK(rm);
-        double e8 = model_check_compressed(m, rm, KV_INT8), e4 = model_check_compressed(m, rm, KV_INT4);
+        double e8 = model_check_compressed(m, rm, KV_INT8);
+        double e4 = model_check_compressed(m, rm, KV_INT4);
         double e16 = model_check_compressed(m, rm, KV_F16);
         printf("  %s: max |logit diff| vs exact KV: f16 %.4f int8 %.4f int4 %.4f\n",
                CASES[c].label, e16, e8, e4);
@@ -299,7 +217,7 @@ static void test_compressed_kv(void)
 typedef struct cohere_mutation {
     int c;              /* the case */
     const char *what;
-    cohere_edit edit;   /* the file without the part, or nothing */
+    gguf_edit edit;   /* the file without the part, or nothing */
     bool sequential;    /* the reference's MLP reads the norm after attention's add */
 } cohere_mutation;
 
@@ -328,7 +246,7 @@ static void test_parts_matter(void)
         const cohere_mutation *mu = &MUTATIONS[k];
         modelgen_params p = cohere_params(&CASES[mu->c], QTYPE_F32);
         const char *src = gen(&p, "whole");
-        CHECK(src && rewrite(src, dst, &mu->edit) == 0);
+        CHECK(src && gguf_copy_edited(src, dst, &mu->edit, err) == 0);
         gguf_file *gp = gguf_open(src, err), *gq = gguf_open(dst, err);
         CHECK(gp && gq);
         ref_model *rp = ref_model_load(gp), *rq = ref_model_load(gq);
@@ -412,8 +330,8 @@ static void test_missing_parts_refused(void)
         for (int i = 0; CASES[c].needed[i]; i++) {
             const char *need = CASES[c].needed[i];
             bool key = strncmp(need, "blk.", 4) != 0;
-            cohere_edit e = {.drop = {key ? NULL : need}, .drop_key = key ? need : NULL};
-            CHECK(rewrite(src, dst, &e) == 0);
+            gguf_edit e = {.drop = {key ? NULL : need}, .drop_key = key ? need : NULL};
+            CHECK(gguf_copy_edited(src, dst, &e, err) == 0);
             err[0] = '\0';
             CHECK(model_load(dst, err) == NULL);
             printf("  %s: refused: %s\n", CASES[c].label, err);
@@ -423,8 +341,8 @@ static void test_missing_parts_refused(void)
     modelgen_params p = cohere_params(&CASES[C_COMMAND_R_PLUS], QTYPE_F16);
     const char *src = gen(&p, "whole");
     CHECK(src);
-    cohere_edit e = {.first_row = "blk.7.attn_q_norm.weight"};
-    CHECK(rewrite(src, dst, &e) == 0);
+    gguf_edit e = {.first_row = "blk.7.attn_q_norm.weight"};
+    CHECK(gguf_copy_edited(src, dst, &e, err) == 0);
     err[0] = '\0';
     CHECK(model_load(dst, err) == NULL);
     printf("  command-r+: refused: %s\n", err);

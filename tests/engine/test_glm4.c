@@ -66,114 +66,6 @@ static const char *gen(const modelgen_params *p, const char *name)
     return out;
 }
 
-/* A file rewritten from another: tensors and a key left out, one integer key set (added
- * or replaced), and each layer's q, k, v (and their biases) fused into attn_qkv. */
-typedef struct glm4_edit {
-    const char *drop[3];  /* tensors left out (a prefix "blk.*." is every layer's), or NULL */
-    const char *drop_key; /* a key left out, or NULL */
-    const char *u32_key;  /* a key set to u32_value, or NULL */
-    uint32_t u32_value;
-    bool fuse_qkv;
-} glm4_edit;
-
-static bool dropped(const glm4_edit *e, const char *name)
-{
-    for (int i = 0; i < 3 && e->drop[i]; i++) {
-        const char *d = e->drop[i];
-        if (!strncmp(d, "blk.*.", 6)) {
-            const char *dot = strncmp(name, "blk.", 4) ? NULL : strchr(name + 4, '.');
-            if (dot && !strcmp(dot + 1, d + 6))
-                return true;
-        } else if (!strcmp(name, d)) {
-            return true;
-        }
-    }
-    return false;
-}
-
-/* Whether name is layer l's attn_{q,k,v}.{weight,bias} (what fuse_qkv replaces); *part
- * gets 0, 1, 2 for q, k, v and *bias whether it is a bias. */
-static bool qkv_part(const char *name, int *l, int *part, bool *bias)
-{
-    char which, kind[8];
-    if (sscanf(name, "blk.%d.attn_%c.%7s", l, &which, kind) != 3 || !strchr("qkv", which))
-        return false;
-    *part = which == 'q' ? 0 : which == 'k' ? 1 : 2;
-    *bias = !strcmp(kind, "bias");
-    return *bias || !strcmp(kind, "weight");
-}
-
-/* Layer l's q, k, v (weights, or biases) back to back into w as attn_qkv, in *data (the
- * writer borrows it: freed by the caller after the write); 0 or -1. */
-static int add_fused(gguf_writer *w, const gguf_file *g, int l, bool bias, char **data)
-{
-    const char *parts[3] = {"q", "k", "v"};
-    const gguf_tensor *t[3];
-    size_t bytes = 0;
-    char name[96];
-    for (int i = 0; i < 3; i++) {
-        snprintf(name, sizeof name, "blk.%d.attn_%s.%s", l, parts[i], bias ? "bias" : "weight");
-        t[i] = gguf_find_tensor(g, name);
-        if (!t[i] || t[i]->type != t[0]->type)
-            return -1;
-        bytes += t[i]->bytes;
-    }
-    char *at = *data = malloc(bytes);
-    if (!at)
-        return -1;
-    for (int i = 0; i < 3; i++)
-        at = (char *)memcpy(at, t[i]->data, t[i]->bytes) + t[i]->bytes;
-    int64_t ne[GGUF_MAX_DIMS] = {t[0]->ne[0], 1, 1, 1};
-    if (bias)
-        ne[0] = t[0]->ne[0] + t[1]->ne[0] + t[2]->ne[0];
-    else
-        ne[1] = t[0]->ne[1] + t[1]->ne[1] + t[2]->ne[1];
-    snprintf(name, sizeof name, "blk.%d.attn_qkv.%s", l, bias ? "bias" : "weight");
-    return gguf_writer_add_tensor(w, name, t[0]->type, t[0]->n_dims, ne, *data);
-}
-
-static int rewrite(const char *src, const char *dst, const glm4_edit *e)
-{
-    char err[ERR_MAX];
-    gguf_file *g = gguf_open(src, err);
-    if (!g)
-        return -1;
-    gguf_writer *w = gguf_writer_new();
-    char **fused = calloc((size_t)gguf_n_tensors(g), sizeof *fused);
-    int rc = fused ? 0 : -1, n_fused = 0;
-    for (int64_t i = 0; i < gguf_n_kv(g) && rc == 0; i++) {
-        gguf_str k = gguf_key(g, i);
-        if ((!e->u32_key || !gguf_str_eq(k, e->u32_key)) &&
-            (!e->drop_key || !gguf_str_eq(k, e->drop_key)))
-            rc = gguf_writer_copy_kv(w, g, i);
-    }
-    if (rc == 0 && e->u32_key)
-        rc = gguf_writer_set_u32(w, e->u32_key, e->u32_value);
-    for (int64_t i = 0; i < gguf_n_tensors(g) && rc == 0; i++) {
-        const gguf_tensor *t = gguf_tensor_at(g, i);
-        char name[128];
-        snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        int l, part;
-        bool bias;
-        if (e->fuse_qkv && qkv_part(name, &l, &part, &bias)) {
-            if (part == 0) /* the fused tensor where q was */
-                rc = add_fused(w, g, l, bias, &fused[n_fused++]);
-            continue;
-        }
-        int64_t ne[GGUF_MAX_DIMS] = {t->ne[0], t->ne[1], t->ne[2], t->ne[3]};
-        if (!dropped(e, name))
-            rc = gguf_writer_add_tensor(w, name, t->type, t->n_dims, ne, t->data);
-    }
-    if (rc == 0)
-        rc = gguf_writer_write(w, dst, err);
-    gguf_writer_free(w);
-    for (int i = 0; i < n_fused; i++)
-        free(fused[i]);
-    free(fused);
-    gguf_close(g);
-    return rc;
-}
-
 static int32_t tok_at(int i)
 {
     return (int32_t)((i * 37 + 11) % N_VOCAB);
@@ -281,15 +173,15 @@ static void test_parts_matter(void)
     const struct {
         int arch; /* of ARCHS */
         const char *what;
-        glm4_edit edit;
+        gguf_edit edit;
     } cases[] = {
         {0, "post norms",
          {.drop = {"blk.*.post_attention_norm.weight", "blk.*.post_ffw_norm.weight"}}},
         {0, "q/k/v biases",
          {.drop = {"blk.*.attn_q.bias", "blk.*.attn_k.bias", "blk.*.attn_v.bias"}}},
-        {0, "partial rotary", {.u32_key = "glm4.rope.dimension_count", .u32_value = 32}},
+        {0, "partial rotary", {.num_key = "glm4.rope.dimension_count", .num_value = 32}},
         {1, "q/k/v bias", {.drop = {"blk.*.attn_qkv.bias"}}},
-        {1, "partial rotary", {.u32_key = "chatglm.rope.dimension_count", .u32_value = 32}},
+        {1, "partial rotary", {.num_key = "chatglm.rope.dimension_count", .num_value = 32}},
     };
     int32_t tok[N], pos[N];
     for (int i = 0; i < N; i++)
@@ -307,7 +199,7 @@ static void test_parts_matter(void)
         ref_model *rp = ref_model_load(gp);
         CHECK(rp);
         ref_forward(rp, N, tok, pos, with, NULL, NULL);
-        CHECK(rewrite(src, dst, &cases[c].edit) == 0);
+        CHECK(gguf_copy_edited(src, dst, &cases[c].edit, err) == 0);
         gguf_file *gq = gguf_open(dst, err);
         CHECK(gq);
         ref_model *rq = ref_model_load(gq);
@@ -335,8 +227,8 @@ static void test_fused_qkv(void)
     modelgen_params p = glm4_params("glm4", QTYPE_F16);
     const char *src = gen(&p, "apart");
     CHECK(src);
-    glm4_edit e = {.fuse_qkv = true};
-    CHECK(rewrite(src, dst, &e) == 0);
+    gguf_edit e = {.fuse_qkv = true};
+    CHECK(gguf_copy_edited(src, dst, &e, err) == 0);
     int32_t tok[N], pos[N];
     for (int i = 0; i < N; i++)
         tok[i] = tok_at(i * 5 + 2), pos[i] = i;
@@ -417,7 +309,7 @@ static void test_missing_parts_refused(void)
 {
     const struct {
         int arch; /* of ARCHS */
-        glm4_edit edit;
+        gguf_edit edit;
         const char *named, *says;
     } cases[] = {
         {0, {.drop = {"blk.1.post_attention_norm.weight"}}, "blk.1.post_attention_norm.weight",
@@ -430,11 +322,11 @@ static void test_missing_parts_refused(void)
         {0, {.drop = {"blk.1.attn_v.weight"}}, "blk.1.attn_v.weight", "missing"},
         {0, {.drop_key = "glm4.attention.layer_norm_rms_epsilon"},
          "glm4.attention.layer_norm_rms_epsilon", "missing"},
-        {0, {.u32_key = "glm4.nextn_predict_layers", .u32_value = 1},
+        {0, {.num_key = "glm4.nextn_predict_layers", .num_value = 1},
          "glm4.nextn_predict_layers", "not supported"},
-        {0, {.u32_key = "glm4.rope.dimension_sections", .u32_value = 8},
+        {0, {.num_key = "glm4.rope.dimension_sections", .num_value = 8},
          "glm4.rope.dimension_sections", "not supported"},
-        {0, {.u32_key = "glm4.feed_forward_length", .u32_value = 512}, "blk.0.ffn_up.weight",
+        {0, {.num_key = "glm4.feed_forward_length", .num_value = 512}, "blk.0.ffn_up.weight",
          "2 * feed_forward_length"},
         {1, {.drop = {"blk.2.attn_qkv.weight"}}, "blk.2.attn_q.weight", "missing"},
         {1, {.drop = {"blk.3.ffn_down.weight"}}, "blk.3.ffn_down.weight", "missing"},
@@ -448,7 +340,7 @@ static void test_missing_parts_refused(void)
         modelgen_params p = glm4_params(ARCHS[cases[c].arch], QTYPE_F16);
         const char *src = gen(&p, "whole");
         CHECK(src);
-        CHECK(rewrite(src, dst, &cases[c].edit) == 0);
+        CHECK(gguf_copy_edited(src, dst, &cases[c].edit, err) == 0);
         err[0] = '\0';
         CHECK(model_load(dst, err) == NULL);
         printf("  %s: refused: %s\n", ARCHS[cases[c].arch], err);

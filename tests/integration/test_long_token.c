@@ -55,7 +55,8 @@ static void whole_reply_has_the_whole_token(void)
 {
     NEED();
     int st;
-    json_object *o = httpc_post_json(hsock, "/completion", "{\"prompt\":\"Q\",\"n_predict\":8}", &st);
+    json_object *o =
+        httpc_post_json(hsock, "/completion", "{\"prompt\":\"Q\",\"n_predict\":8}", &st);
     const char *got = o ? httpc_jstr(o, "content") : NULL;
     CHECK_MSG(st == 200 && got && !strcmp(got, long_text), "%d %zu bytes: %.80s", st,
               got ? strlen(got) : 0, got ? got : "");
