@@ -82,11 +82,6 @@ static const char *gen(const modelgen_params *p, const char *name)
     return out;
 }
 
-static int32_t tok_at(int i)
-{
-    return (int32_t)((i * 37 + 11) % N_VOCAB);
-}
-
 /* A prefill of 40, 6 decodes, then a fresh sequence with gapped and out-of-order batches
  * (positions 0..7, 30..37, then 12..15 after them). */
 static const model_check_plan PLAN = {.n_prefill = 40, .n_total = 46, .gap_b = 30, .gap_c = 12};
@@ -234,36 +229,16 @@ static const cohere_mutation MUTATIONS[] = {
 
 static void test_parts_matter(void)
 {
-    enum { N = 40 };
-    int32_t tok[N], pos[N];
-    for (int i = 0; i < N; i++)
-        tok[i] = tok_at(i), pos[i] = i;
-    double *with = malloc(sizeof(double) * N * N_VOCAB);
-    double *without = malloc(sizeof(double) * N * N_VOCAB);
-    char err[ERR_MAX], dst[512];
-    snprintf(dst, sizeof dst, "%s/mutated.gguf", test_tmpdir());
     for (size_t k = 0; k < sizeof MUTATIONS / sizeof *MUTATIONS; k++) {
         const cohere_mutation *mu = &MUTATIONS[k];
         modelgen_params p = cohere_params(&CASES[mu->c], QTYPE_F32);
         const char *src = gen(&p, "whole");
-        CHECK(src && gguf_copy_edited(src, dst, &mu->edit, err) == 0);
-        gguf_file *gp = gguf_open(src, err), *gq = gguf_open(dst, err);
-        CHECK(gp && gq);
-        ref_model *rp = ref_model_load(gp), *rq = ref_model_load(gq);
-        CHECK(rp && rq);
-        ref_model_sequential(rq, mu->sequential);
-        ref_forward(rp, N, tok, pos, with, NULL, NULL);
-        ref_forward(rq, N, tok, pos, without, NULL, NULL);
-        double d = 0;
-        for (size_t i = 0; i < (size_t)N * N_VOCAB; i++)
-            d = fmax(d, fabs(with[i] - without[i]));
+        CHECK(src);
+        double d = model_check_part_matters(src, &mu->edit, mu->sequential);
         printf("  %s without its %s: the reference moves by %.3g\n", CASES[mu->c].label,
                mu->what, d);
         CHECK_MSG(d > 5 * TOL_FLOAT, "%s %s: %g", CASES[mu->c].label, mu->what, d);
-        ref_model_free(rp), ref_model_free(rq);
-        gguf_close(gp), gguf_close(gq);
     }
-    free(with), free(without);
 }
 
 /* ---- the engine's paths against each other ---- */

@@ -169,7 +169,6 @@ static void test_compressed_chunks(void)
  * engine that ignored it. */
 static void test_parts_matter(void)
 {
-    enum { N = 40 };
     const struct {
         int arch; /* of ARCHS */
         const char *what;
@@ -183,38 +182,15 @@ static void test_parts_matter(void)
         {1, "q/k/v bias", {.drop = {"blk.*.attn_qkv.bias"}}},
         {1, "partial rotary", {.num_key = "chatglm.rope.dimension_count", .num_value = 32}},
     };
-    int32_t tok[N], pos[N];
-    for (int i = 0; i < N; i++)
-        tok[i] = tok_at(i), pos[i] = i;
-    double *with = malloc(sizeof(double) * N * N_VOCAB);
-    double *without = malloc(sizeof(double) * N * N_VOCAB);
-    char err[ERR_MAX], dst[512];
-    snprintf(dst, sizeof dst, "%s/glm4-mutated.gguf", test_tmpdir());
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         modelgen_params p = glm4_params(ARCHS[cases[c].arch], QTYPE_F32);
         const char *src = gen(&p, "whole");
         CHECK(src);
-        gguf_file *gp = gguf_open(src, err);
-        CHECK(gp);
-        ref_model *rp = ref_model_load(gp);
-        CHECK(rp);
-        ref_forward(rp, N, tok, pos, with, NULL, NULL);
-        CHECK(gguf_copy_edited(src, dst, &cases[c].edit, err) == 0);
-        gguf_file *gq = gguf_open(dst, err);
-        CHECK(gq);
-        ref_model *rq = ref_model_load(gq);
-        CHECK(rq);
-        ref_forward(rq, N, tok, pos, without, NULL, NULL);
-        double d = 0;
-        for (size_t i = 0; i < (size_t)N * N_VOCAB; i++)
-            d = fmax(d, fabs(with[i] - without[i]));
+        double d = model_check_part_matters(src, &cases[c].edit, false);
         printf("  %s without its %s: the reference moves by %.3g\n", ARCHS[cases[c].arch],
                cases[c].what, d);
         CHECK_MSG(d > 5 * TOL_FLOAT, "%s %s: %g", ARCHS[cases[c].arch], cases[c].what, d);
-        ref_model_free(rq), ref_model_free(rp);
-        gguf_close(gq), gguf_close(gp);
     }
-    free(with), free(without);
 }
 
 /* The same weights with q, k, v (and their biases) in one attn_qkv answer as with them

@@ -75,11 +75,6 @@ static const char *gen_variant(const modelgen_params *p, const char *name, bool 
     return gguf_copy_edited(path, out, &e, err) == 0 ? out : NULL;
 }
 
-static int32_t tok_at(int i)
-{
-    return (int32_t)((i * 37 + 11) % N_VOCAB);
-}
-
 /* A prefill of 40, 6 decodes, then a fresh sequence with gapped and out-of-order batches
  * (positions 0..7, 30..37, then 12..15 after them). */
 static const model_check_plan PLAN = {.n_prefill = 40, .n_total = 46, .gap_b = 30, .gap_c = 12};
@@ -171,38 +166,14 @@ static void test_parts_matter(void)
           .copy_from = {"blk.*.attn_norm.weight", "blk.*.attn_norm.bias"},
           .copy_to = {"blk.*.ffn_norm.weight", "blk.*.ffn_norm.bias"}}},
     };
-    enum { N = 40 };
-    int32_t tok[N], pos[N];
-    for (int i = 0; i < N; i++)
-        tok[i] = tok_at(i), pos[i] = i;
-    double *with = malloc(sizeof(double) * N * N_VOCAB);
-    double *without = malloc(sizeof(double) * N * N_VOCAB);
-    char err[ERR_MAX], dst[512];
-    snprintf(dst, sizeof dst, "%s/phi2-mutated.gguf", test_tmpdir());
     modelgen_params p = phi2_params(QTYPE_F32);
     const char *src = gen(&p, "whole");
     CHECK(src);
-    gguf_file *gp = gguf_open(src, err);
-    ref_model *rp = gp ? ref_model_load(gp) : NULL;
-    CHECK(rp);
-    ref_forward(rp, N, tok, pos, with, NULL, NULL);
     for (size_t c = 0; c < sizeof muts / sizeof *muts; c++) {
-        CHECK(gguf_copy_edited(src, dst, &muts[c].edit, err) == 0);
-        gguf_file *gq = gguf_open(dst, err);
-        ref_model *rq = gq ? ref_model_load(gq) : NULL;
-        CHECK(rq);
-        ref_forward(rq, N, tok, pos, without, NULL, NULL);
-        double d = 0;
-        for (size_t i = 0; i < (size_t)N * N_VOCAB; i++)
-            d = fmax(d, fabs(with[i] - without[i]));
+        double d = model_check_part_matters(src, &muts[c].edit, false);
         printf("  without its %s: the reference moves by %.3g\n", muts[c].what, d);
         CHECK_MSG(d > 5 * TOL_FLOAT, "%s: %g", muts[c].what, d);
-        ref_model_free(rq);
-        gguf_close(gq);
     }
-    ref_model_free(rp);
-    gguf_close(gp);
-    free(with), free(without);
 }
 
 /* ---- the engine's paths against each other ---- */

@@ -413,3 +413,37 @@ double model_check_partitioned_shapes(const char *path, const enum kv_precision 
     model_free(m);
     return worst;
 }
+
+double model_check_part_matters(const char *path, const gguf_edit *e, bool sequential)
+{
+    enum { N = 40 };
+    char err[ERR_MAX], dst[1100];
+    snprintf(dst, sizeof dst, "%s.mutated.gguf", path);
+    if (gguf_copy_edited(path, dst, e, err) < 0) {
+        fprintf(stderr, "part matters: %s\n", err);
+        return -1;
+    }
+    gguf_file *gp = gguf_open(path, err), *gq = gguf_open(dst, err);
+    ref_model *rp = gp ? ref_model_load(gp) : NULL, *rq = gq ? ref_model_load(gq) : NULL;
+    int n_vocab = rp ? ref_model_n_vocab(rp) : 0;
+    double *with = malloc(sizeof(double) * N * (size_t)n_vocab);
+    double *without = malloc(sizeof(double) * N * (size_t)n_vocab);
+    double d = -1;
+    if (rp && rq && with && without && ref_model_n_vocab(rq) == n_vocab) {
+        int32_t tok[N], pos[N];
+        for (int i = 0; i < N; i++)
+            tok[i] = model_check_token(i, n_vocab), pos[i] = i;
+        ref_model_sequential(rq, sequential);
+        ref_forward(rp, N, tok, pos, with, NULL, NULL);
+        ref_forward(rq, N, tok, pos, without, NULL, NULL);
+        d = 0;
+        for (size_t i = 0; i < (size_t)N * (size_t)n_vocab; i++)
+            d = fmax(d, fabs(with[i] - without[i]));
+    } else {
+        fprintf(stderr, "part matters: the reference cannot read %s or %s\n", path, dst);
+    }
+    free(with), free(without);
+    ref_model_free(rp), ref_model_free(rq);
+    gguf_close(gp), gguf_close(gq);
+    return d;
+}

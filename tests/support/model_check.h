@@ -8,6 +8,7 @@
 
 #include "engine/kv/kv.h"
 #include "engine/model/model.h"
+#include "tests/support/gguf_copy.h"
 #include "tests/support/ref_forward.h"
 
 /* What model_check_file runs: a prefill of n_prefill tokens at 0.., single-token decodes
@@ -67,6 +68,13 @@ int model_check_batched_vs_alone(const char *path, double *diff);
  * each precision of hist[0..n_hist): the worst difference (1e9 on an engine error). */
 double model_check_partitioned_shapes(const char *path, const enum kv_precision *hist,
                                       int n_hist);
+
+/* How much an architecture's part matters: the max |logit difference| of the reference
+ * over 40 tokens between the file at path and its copy changed by e (the same weights
+ * without the part, written beside it), the copy's reference computed with
+ * ref_model_sequential's on when sequential; -1 when a file cannot be written or read
+ * (printed). */
+double model_check_part_matters(const char *path, const gguf_edit *e, bool sequential);
 
 /* The engine's greedy continuation of prompt (n ids) in this process, the model at path
  * loaded as llmsd loads it (its Q8_0 matrices repacked where the CPU has the kernels, so
