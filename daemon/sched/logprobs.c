@@ -99,14 +99,8 @@ int logprobs_pack(const tokenizer *tok, const logprob_step *steps, size_t n, log
 
 size_t logprobs_piece_max(const tokenizer *tok)
 {
-    char piece[LOGPROBS_PIECE_MAX];
-    size_t longest = 0;
-    for (int32_t id = 0; id < tok_n_vocab(tok); id++) {
-        int n = tok_piece(tok, id, piece, sizeof piece);
-        size_t cut = n < 0 ? 0 : n > LOGPROBS_PIECE_MAX - 1 ? LOGPROBS_PIECE_MAX - 1 : (size_t)n;
-        longest = cut > longest ? cut : longest;
-    }
-    return longest;
+    size_t longest = tok_max_piece_len(tok);
+    return longest < LOGPROBS_PIECE_MAX - 1 ? longest : LOGPROBS_PIECE_MAX - 1;
 }
 
 /* A TokenLogprob as an element of a repeated field: its tag and length (2 bytes: a step

@@ -115,11 +115,8 @@ void ops_gelu_tanh_mul(float *g, const float *u, int n)
         ops_avx2_gelu_tanh_mul(g, u, n);
         return;
     }
-    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
-    for (int i = 0; i < n; i++) {
-        float x = g[i];
-        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
-    }
+    for (int i = 0; i < n; i++)
+        g[i] = ops_gelu_tanh1(g[i]) * u[i];
 }
 
 void ops_gelu_tanh_bias(float *x, const float *b, int n)
@@ -128,11 +125,8 @@ void ops_gelu_tanh_bias(float *x, const float *b, int n)
         ops_avx2_gelu_tanh_bias(x, b, n);
         return;
     }
-    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
-    for (int i = 0; i < n; i++) {
-        float v = x[i] + b[i];
-        x[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
-    }
+    for (int i = 0; i < n; i++)
+        x[i] = ops_gelu_tanh1(x[i] + b[i]);
 }
 
 void ops_softcap(float *x, int n, float cap)

@@ -249,11 +249,8 @@ void ops_avx2_gelu_tanh_mul(float *g, const float *u, int n)
         __m256 s = ops_avx2_gelu_tanh(_mm256_loadu_ps(g + i));
         _mm256_storeu_ps(g + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
     }
-    const float c = 0.7978845608028654f;
-    for (; i < n; i++) {
-        float x = g[i];
-        g[i] = 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x))) * u[i];
-    }
+    for (; i < n; i++)
+        g[i] = ops_gelu_tanh1(g[i]) * u[i];
 }
 
 void ops_avx2_gelu_tanh_bias(float *x, const float *b, int n)
@@ -263,11 +260,8 @@ void ops_avx2_gelu_tanh_bias(float *x, const float *b, int n)
         __m256 v = _mm256_add_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(b + i));
         _mm256_storeu_ps(x + i, ops_avx2_gelu_tanh(v));
     }
-    const float c = 0.7978845608028654f;
-    for (; i < n; i++) {
-        float v = x[i] + b[i];
-        x[i] = 0.5f * v * (1.0f + tanhf(c * (v + 0.044715f * v * v * v)));
-    }
+    for (; i < n; i++)
+        x[i] = ops_gelu_tanh1(x[i] + b[i]);
 }
 
 /* cap tanh(x / cap) with tanh(y) = sign(y) (1 - t) / (1 + t), t = e^(-2|y|) <= 1. -inf

@@ -5,8 +5,17 @@
 #ifndef LLMS_OPS_AVX2_H
 #define LLMS_OPS_AVX2_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+
+/* gelu's tanh approximation of one value: ops.c's scalar kernels and the AVX2 kernels'
+ * tails. */
+static inline float ops_gelu_tanh1(float x)
+{
+    const float c = 0.7978845608028654f; /* sqrt(2 / pi) */
+    return 0.5f * x * (1.0f + tanhf(c * (x + 0.044715f * x * x * x)));
+}
 
 void ops_avx2_attn_scores(const float *q, int n_q, const uint16_t *k, int n_k, int d,
                           float scale, float *scores, size_t stride);
