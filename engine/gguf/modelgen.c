@@ -522,20 +522,14 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         rope_base = 500000.0f, eps = 1e-6f;
     if (!strcmp(p->arch, "smollm3"))
         rope_base = 5000000.0f, eps = 1e-6f;
-    if (!strcmp(p->arch, "exaone")) /* EXAONE 3.5's */
-        rope_base = 1000000.0f, eps = 1e-5f;
-    bool mistral3 = strcmp(p->arch, "mistral3") == 0;
-    if (mistral3) /* Ministral 3's */
-        rope_base = 1000000.0f, eps = 1e-5f;
-    bool exaone4 = strcmp(p->arch, "exaone4") == 0;
-    if (exaone4) /* EXAONE 4.0's */
+    bool mistral3 = strcmp(p->arch, "mistral3") == 0, exaone4 = strcmp(p->arch, "exaone4") == 0;
+    /* EXAONE 3.5's, EXAONE 4.0's, Ministral 3's and StarCoder2-7B's rope_theta and epsilon */
+    if (!strcmp(p->arch, "exaone") || exaone4 || mistral3 || starcoder2)
         rope_base = 1000000.0f, eps = 1e-5f;
     /* OLMo 2 and EXAONE 4 normalize their sublayers' outputs, not their inputs */
     bool post_norms_only = olmo2 || exaone4;
     if (cohere) /* Aya Expanse 8B's and Command R7B's rope_theta, their layer_norm_eps */
         rope_base = cohere2 ? 50000.0f : 10000.0f, eps = 1e-5f;
-    if (starcoder2) /* StarCoder2-7B's rope_theta and norm_epsilon */
-        rope_base = 1000000.0f, eps = 1e-5f;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
