@@ -155,10 +155,10 @@ static int bert_matrix(const bert_model *m, const char *name, int64_t rows, int6
 }
 
 /* A tensor of rows x n elements (rows 1: 1-D) converted to f32 into m->vecs. */
-static int bert_vecs(bert_model *m, const char *name, int64_t n, int64_t rows,
+static int bert_rows(bert_model *m, const char *name, int n_dims, int64_t n, int64_t rows,
                      const float **out, char err[ERR_MAX])
 {
-    const gguf_tensor *t = model_gguf_tensor(m->g, name, rows == 1 ? 1 : 2, n, rows, err);
+    const gguf_tensor *t = model_gguf_tensor(m->g, name, n_dims, n, rows, err);
     if (!t)
         return -1;
     if (m->vecs_used + (size_t)(n * rows) > m->vecs_cap)
@@ -170,6 +170,19 @@ static int bert_vecs(bert_model *m, const char *name, int64_t n, int64_t rows,
     m->vecs_used += (size_t)(n * rows);
     *out = dst;
     return 0;
+}
+
+static int bert_vecs(bert_model *m, const char *name, int64_t n, int64_t rows,
+                     const float **out, char err[ERR_MAX])
+{
+    return bert_rows(m, name, rows == 1 ? 1 : 2, n, rows, out, err);
+}
+
+/* A table of embeddings, 2-D even with one row (XLM-RoBERTa's one token type). */
+static int bert_table(bert_model *m, const char *name, int64_t n, int64_t rows, const float **out,
+                      char err[ERR_MAX])
+{
+    return bert_rows(m, name, 2, n, rows, out, err);
 }
 
 /* Rows of a 2-D table whose ne[0] is dim (position and token-type embeddings). */
@@ -345,8 +358,9 @@ static int bert_load_tensors(bert_model *m, char err[ERR_MAX])
     m->zeros = m->vecs;
     m->vecs_used = (size_t)dim;
     m->type_embd = m->zeros;
-    if ((!nomic && bert_vecs(m, "position_embd.weight", dim, hp->n_pos, &m->pos_embd, err) < 0) ||
-        (has_types && bert_vecs(m, "token_types.weight", dim, hp->n_types, &m->type_embd, err) < 0) ||
+    if ((!nomic && bert_table(m, "position_embd.weight", dim, hp->n_pos, &m->pos_embd, err) < 0) ||
+        (has_types &&
+         bert_table(m, "token_types.weight", dim, hp->n_types, &m->type_embd, err) < 0) ||
         bert_vecs(m, "token_embd_norm.weight", dim, 1, &m->emb_ln_w, err) < 0 ||
         bert_vecs(m, "token_embd_norm.bias", dim, 1, &m->emb_ln_b, err) < 0 ||
         bert_load_head(m, err) < 0)

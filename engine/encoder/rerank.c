@@ -51,7 +51,8 @@
  *
  * Encoders (a bert file with a classification head) take their own path through the
  * same task and pruning: a pair is [CLS] query [SEP] document [SEP] (segment B from the
- * first [SEP] on), the document cut so that the pair fits RR_ENC_MAX_LEN and the
+ * first [SEP] on), or <s> query </s></s> document </s> for RoBERTa's vocabularies, the
+ * document cut so that the pair fits RR_ENC_MAX_LEN and the
  * model's positions; all candidates' rows live in one buffer, compacted to the active
  * ones after each pruning; each step computes one layer over groups of whole candidates
  * (engine/encoder/bert.h), and after each layer (only the last without pruning) the score of a
@@ -160,7 +161,10 @@ struct reranker {
     /* Longest pair: a decoder's trained context (scores at later positions are noise),
      * at most RR_MAX_TOKENS; an encoder's min(n_pos, RR_ENC_MAX_LEN). */
     int max_len;
-    int32_t enc_cls, enc_sep;
+    /* An encoder's pair: enc_cls query enc_mid[0..n_enc_mid) document enc_end, as
+     * [CLS] q [SEP] d [SEP] (BERT) or <s> q </s></s> d </s> (RoBERTa, XLM-RoBERTa). */
+    int32_t enc_cls, enc_mid[2], enc_end;
+    int n_enc_mid;
 };
 
 /* ---- accounted allocations ---- */
@@ -392,9 +396,17 @@ static int rr_open_encoder(reranker *rr, char err[ERR_MAX])
     if (tok_load(rr->g, &rr->tok, err) < 0)
         return -1;
     rr->enc_cls = tok_special(rr->tok, TOK_SPECIAL_CLS);
-    rr->enc_sep = tok_special(rr->tok, TOK_SPECIAL_SEP);
-    if (rr->enc_cls < 0 || rr->enc_sep < 0)
+    int32_t sep = tok_special(rr->tok, TOK_SPECIAL_SEP), eos = tok_eos(rr->tok);
+    if (rr->enc_cls < 0 || sep < 0)
         return err_set(err, "the bert vocabulary has no [CLS] or [SEP] token");
+    /* A vocabulary that ends a text with EOS (RoBERTa's) ends the query with it too and
+     * then separates, as Hugging Face's pairs and llama.cpp's rerank do. */
+    bool roberta = tok_add_eos(rr->tok) && eos >= 0;
+    rr->n_enc_mid = 0;
+    if (roberta)
+        rr->enc_mid[rr->n_enc_mid++] = eos;
+    rr->enc_mid[rr->n_enc_mid++] = sep;
+    rr->enc_end = roberta ? eos : sep;
     rr->enc_r = bert_runner_new(rr->enc, rr->opt.n_threads, RR_ENC_MAX_LEN, err);
     return rr->enc_r ? 0 : -1;
 }
@@ -1210,7 +1222,8 @@ static void rr_end_layer(rerank_task *t)
 
 /* ---- encoder runs ---- */
 
-/* The input rows of every candidate into t->ex; segment B starts after the first [SEP]. */
+/* The input rows of every candidate into t->ex; segment B starts after the query's
+ * separator. */
 static int rr_enc_begin(rerank_task *t, char err[ERR_MAX])
 {
     reranker *rr = t->rr;
@@ -1236,7 +1249,7 @@ static int rr_enc_begin(rerank_task *t, char err[ERR_MAX])
         for (int j = 0; j < s->cand[i].len; j++, row++) {
             tok[row] = s->cand[i].tok[j];
             types[row] = b && hp->n_types > 1;
-            b = b || tok[row] == rr->enc_sep;
+            b = b || tok[row] == rr->enc_mid[rr->n_enc_mid - 1];
         }
         t->eorder[i] = i;
         t->elens[i] = s->cand[i].len;
@@ -1637,22 +1650,26 @@ static int rr_enc_query(const reranker *rr, const char *query, rr_toks *t, char 
     if (rr_toks_push(t, rr->enc_cls, err) < 0 ||
         rr_toks_add(rr, t, query, strlen(query), false, err) < 0)
         return -1;
-    if (t->n + 2 >= rr->max_len)
+    if (t->n + rr->n_enc_mid + 1 >= rr->max_len)
         return err_set(err, "the query has %d tokens: no room for a document in the encoder's "
                             "%d", t->n - 1, rr->max_len);
     return 0;
 }
 
-/* An encoder's pair: [CLS] query [SEP] document [SEP], the document cut to fit. */
+/* An encoder's pair (see enc_mid), the document cut to fit. */
 static int rr_enc_render(const reranker *rr, const char *query, const char *doc, rr_toks *t,
                          char err[ERR_MAX])
 {
-    if (rr_enc_query(rr, query, t, err) < 0 || rr_toks_push(t, rr->enc_sep, err) < 0 ||
-        rr_toks_add(rr, t, doc, strlen(doc), false, err) < 0)
+    if (rr_enc_query(rr, query, t, err) < 0)
+        return -1;
+    for (int i = 0; i < rr->n_enc_mid; i++)
+        if (rr_toks_push(t, rr->enc_mid[i], err) < 0)
+            return -1;
+    if (rr_toks_add(rr, t, doc, strlen(doc), false, err) < 0)
         return -1;
     if (t->n + 1 > rr->max_len)
         t->n = rr->max_len - 1;
-    return rr_toks_push(t, rr->enc_sep, err);
+    return rr_toks_push(t, rr->enc_end, err);
 }
 
 /* The reranker prompt for (query, doc) as token ids, the document's tokens cut so that

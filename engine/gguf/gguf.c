@@ -921,6 +921,17 @@ bool gguf_arr_i32(const gguf_file *g, const char *key, int32_t *out, uint64_t n)
     return true;
 }
 
+bool gguf_arr_bytes(const gguf_file *g, const char *key, const uint8_t **data, uint64_t *n)
+{
+    const gguf_kv *kv = find_kv(g, key);
+    if (!kv || kv->type != GGUF_ARRAY ||
+        (kv->elem_type != GGUF_UINT8 && kv->elem_type != GGUF_INT8))
+        return false;
+    *data = kv->elems;
+    *n = kv->count;
+    return true;
+}
+
 int64_t gguf_n_tensors(const gguf_file *g)
 {
     return g->n_tensors;

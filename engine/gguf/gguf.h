@@ -114,6 +114,9 @@ bool gguf_arr_str(const gguf_file *g, const char *key, uint64_t i, gguf_str *out
  * type); false if not a numeric array or count differs from n. */
 bool gguf_arr_f32(const gguf_file *g, const char *key, float *out, uint64_t n);
 bool gguf_arr_i32(const gguf_file *g, const char *key, int32_t *out, uint64_t n);
+/* The elements of a uint8 or int8 array (a binary blob such as a tokenizer's
+ * precompiled_charsmap), in place in the file's mapping; false for any other value. */
+bool gguf_arr_bytes(const gguf_file *g, const char *key, const uint8_t **data, uint64_t *n);
 /* Copies a boolean array into out; false if not a boolean array or count differs from n. */
 bool gguf_arr_bool(const gguf_file *g, const char *key, bool *out, uint64_t n);
 

@@ -395,12 +395,17 @@ static void modelgen_add(modelgen_tensor *ts, int *n, const char *name, uint32_t
 }
 
 /* A bert or nomic-bert encoder as llama.cpp's converter writes one (names, metadata), two
- * token types. nomic-bert as nomic-embed-text: fused attn_qkv, SwiGLU, no biases but the
+ * token types (one on a "t5" vocabulary, as XLM-RoBERTa's files have). nomic-bert as nomic-embed-text: fused attn_qkv, SwiGLU, no biases but the
  * LayerNorms', RoPE base 1000. */
 static int modelgen_write_bert(const modelgen_params *p, gguf_writer *w, int n_vocab,
                                const char *path, char err[ERR_MAX])
 {
     bool nomic = strcmp(p->arch, "nomic-bert") == 0;
+    gguf_str tok_model;
+    int n_types = p->vocab && gguf_get_str(p->vocab, "tokenizer.ggml.model", &tok_model) &&
+                          gguf_str_eq(tok_model, "t5")
+                      ? 1
+                      : 2;
     char key[96];
 #define KEY(s) (snprintf(key, sizeof key, "%s." s, p->arch), key)
     if (gguf_writer_set_str(w, "general.architecture", p->arch) < 0 ||
@@ -414,7 +419,7 @@ static int modelgen_write_bert(const modelgen_params *p, gguf_writer *w, int n_v
         gguf_writer_set_bool(w, KEY("attention.causal"), false) < 0 ||
         gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0 ||
         (nomic && gguf_writer_set_f32(w, KEY("rope.freq_base"), 1000.0f) < 0) ||
-        gguf_writer_set_u32(w, "tokenizer.ggml.token_type_count", 2) < 0)
+        gguf_writer_set_u32(w, "tokenizer.ggml.token_type_count", (uint32_t)n_types) < 0)
         return err_set(err, "cannot set metadata");
 #undef KEY
     int n_t = 0;
@@ -427,7 +432,7 @@ static int modelgen_write_bert(const modelgen_params *p, gguf_writer *w, int n_v
     modelgen_add(ts, &n_t, "token_embd.weight", 2, d, n_vocab, p->type, 1.0f, 0.0f);
     if (!nomic)
         modelgen_add(ts, &n_t, "position_embd.weight", 2, d, p->n_ctx, p->type, 0.5f, 0.0f);
-    modelgen_add(ts, &n_t, "token_types.weight", 2, d, 2, p->type, 0.5f, 0.0f);
+    modelgen_add(ts, &n_t, "token_types.weight", 2, d, n_types, p->type, 0.5f, 0.0f);
     modelgen_add(ts, &n_t, "token_embd_norm.weight", 1, d, 1, 0, 0.1f, 1.0f);
     modelgen_add(ts, &n_t, "token_embd_norm.bias", 1, d, 1, 0, 0.1f, 0.0f);
     for (int l = 0; nomic && l < p->n_layer; l++) {

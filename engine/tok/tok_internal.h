@@ -1,6 +1,6 @@
 /*
  * tok_internal.h — what the tokenizer's files (tokenizer.c, tok_spm.c, tok_bpe.c,
- * tok_wpm.c, tok_ucd.c) share. Not part of the engine's public interface.
+ * tok_wpm.c, tok_ugm.c, tok_ucd.c) share. Not part of the engine's public interface.
  */
 #ifndef LLMS_TOK_INTERNAL_H
 #define LLMS_TOK_INTERNAL_H
@@ -59,6 +59,14 @@ struct tokenizer {
     pcre2_code *regex[TOK_MAX_REGEX]; /* BPE pre-tokenizer, applied in order */
     int n_regex;
     pcre2_code *wpm_class; /* WordPiece: classifies one non-ASCII code point */
+
+    /* Unigram (tok_ugm.c) */
+    uint8_t *charsmap;   /* (charsmap_len) the file's precompiled_charsmap, or NULL */
+    size_t charsmap_len;
+    int32_t *ugm_pieces; /* (n_ugm_pieces) the normal, user-defined and unused ids, by text */
+    int32_t n_ugm_pieces;
+    double ugm_unknown_score; /* lowest normal score minus 10: a character no piece covers */
+    bool remove_extra_whitespaces, ugm_byte_fallback;
 };
 
 /* Growing output of an encode call: counts every token, stores the first cap. */
@@ -120,6 +128,8 @@ int tok_bpe_setup(tokenizer *t, const gguf_file *g, char err[ERR_MAX]);
 int tok_bpe_encode(const tokenizer *t, const char *text, size_t len, tok_out *o);
 int tok_spm_encode(const tokenizer *t, const char *text, size_t len, bool space_prefix, tok_out *o);
 int tok_wpm_setup(tokenizer *t, char err[ERR_MAX]);
+int tok_ugm_setup(tokenizer *t, const gguf_file *g, char err[ERR_MAX]);
+int tok_ugm_encode(const tokenizer *t, const char *text, size_t len, tok_out *o);
 int tok_wpm_encode(const tokenizer *t, const char *text, size_t len, tok_out *o);
 
 #endif

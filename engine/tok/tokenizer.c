@@ -1,7 +1,7 @@
 /*
  * tokenizer.c — loading a tokenizer from GGUF metadata, special-token splitting,
  * encoding dispatch, pieces and decoding (see tokenizer.h). The per-model encoders
- * live in tok_spm.c, tok_bpe.c and tok_wpm.c.
+ * live in tok_spm.c, tok_bpe.c, tok_wpm.c and tok_ugm.c.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,6 +243,10 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         id[TOK_SPECIAL_PAD] = 0, id[TOK_SPECIAL_MASK] = 103;
         t->add_bos = true, t->add_sep = true;
         break;
+    case TOK_MODEL_UGM: /* T5's; XLM-RoBERTa's files name theirs */
+        id[TOK_SPECIAL_EOS] = 1, id[TOK_SPECIAL_UNK] = 2, id[TOK_SPECIAL_PAD] = 0;
+        t->add_eos = true;
+        break;
     }
     for (int i = 0; i < TOK_SPECIAL_COUNT; i++)
         if (id[i] >= t->n_vocab)
@@ -291,6 +295,8 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         return err_set(err, "the tokenizer adds EOS but has no EOS token");
     if (t->model == TOK_MODEL_WPM && t->add_sep && id[TOK_SPECIAL_SEP] < 0)
         return err_set(err, "the tokenizer adds SEP but has no SEP token");
+    if (t->model == TOK_MODEL_UGM && id[TOK_SPECIAL_UNK] < 0)
+        return err_set(err, "the unigram tokenizer has no unknown token");
 
     /* Fill-in-the-middle tokens no key names: the spellings llama.cpp looks for. It takes
      * a token of any type so spelled and makes it a control token; here, as for the
@@ -450,9 +456,11 @@ int tok_load(const gguf_file *g, tokenizer **out, char err[ERR_MAX])
         t->model = TOK_MODEL_BPE;
     else if (gguf_str_eq(model, "bert"))
         t->model = TOK_MODEL_WPM;
+    else if (gguf_str_eq(model, "t5"))
+        t->model = TOK_MODEL_UGM;
     else {
         free(t);
-        return err_set(err, "tokenizer.ggml.model '%.*s': unsupported (llama, gpt2, bert)",
+        return err_set(err, "tokenizer.ggml.model '%.*s': unsupported (llama, gpt2, bert, t5)",
                        (int)(model.len > 32 ? 32 : model.len), model.ptr);
     }
     for (int b = 0; b < 256; b++)
@@ -465,6 +473,8 @@ int tok_load(const gguf_file *g, tokenizer **out, char err[ERR_MAX])
         rc = tok_bpe_setup(t, g, err);
     if (rc == 0 && t->model == TOK_MODEL_WPM)
         rc = tok_wpm_setup(t, err);
+    if (rc == 0 && t->model == TOK_MODEL_UGM)
+        rc = tok_ugm_setup(t, g, err);
     if (rc == 0)
         rc = load_specials(t, g, err);
     if (rc == 0 && t->model == TOK_MODEL_SPM)
@@ -499,6 +509,8 @@ void tok_free(tokenizer *t)
     free(t->merge_rank);
     free(t->merge_result);
     free(t->specials);
+    free(t->charsmap);
+    free(t->ugm_pieces);
     for (int i = 0; i < t->n_regex; i++)
         pcre2_code_free(t->regex[i]);
     pcre2_code_free(t->wpm_class);
@@ -613,6 +625,8 @@ int tok_encode(const tokenizer *t, const char *text, size_t len, bool add_specia
             rc = tok_spm_encode(t, text + s->off, s->len, t->add_space_prefix && prev_special, &o);
         else if (t->model == TOK_MODEL_BPE)
             rc = tok_bpe_encode(t, text + s->off, s->len, &o);
+        else if (t->model == TOK_MODEL_UGM) /* each run of text is normalized alone */
+            rc = tok_ugm_encode(t, text + s->off, s->len, &o);
         else
             rc = tok_wpm_encode(t, text + s->off, s->len, &o);
         if (rc) {
@@ -690,7 +704,7 @@ static void put_piece(const tokenizer *t, int32_t id, bool special, sink *s)
         }
         return;
     }
-    /* SPM and WordPiece: '▁' stands for a space */
+    /* SPM, Unigram and WordPiece: '▁' stands for a space */
     size_t start = 0;
     for (size_t i = 0; i + 3 <= len; i++) {
         if (memcmp(text + i, "\xe2\x96\x81", 3) == 0) {
@@ -788,7 +802,7 @@ int tok_decode(const tokenizer *t, const int32_t *ids, int n, bool remove_specia
     for (int i = 0; i < n; i++) {
         /* Undo the encoder's space prefix: SPM prefixes a space to the start of the text
          * and to text after a special token; WordPiece starts every word with one. */
-        if (t->model == TOK_MODEL_SPM)
+        if (t->model == TOK_MODEL_SPM || t->model == TOK_MODEL_UGM)
             s.strip_space = t->add_space_prefix && after_special;
         else if (t->model == TOK_MODEL_WPM && s.n == 0)
             s.strip_space = true;

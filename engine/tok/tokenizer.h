@@ -1,10 +1,12 @@
 /*
  * tokenizer.h — text <-> token ids, built from the tokenizer metadata of a GGUF file.
  *
- * Three kinds, chosen by tokenizer.ggml.model, each reproducing llama.cpp's output:
+ * Four kinds, chosen by tokenizer.ggml.model, each reproducing llama.cpp's output:
  *   "llama"  SentencePiece-style: '▁' for spaces, score-ordered merges, <0xXX> byte fallback
  *   "gpt2"   byte-level BPE: pre-tokenizer regexes named by tokenizer.ggml.pre, ranked merges
  *   "bert"   WordPiece: lowercase, accents stripped, greedy longest match per word
+ *   "t5"     SentencePiece Unigram: the file's NFKC charsmap, then the segmentation of
+ *            highest score (T5, XLM-RoBERTa: bge-m3, bge-reranker-v2-m3, multilingual-e5)
  *
  * A tokenizer copies everything it needs, so the gguf_file may be closed after tok_load.
  * It is immutable after loading: all functions below may be called from several threads
@@ -26,6 +28,7 @@ enum tok_model {
     TOK_MODEL_SPM = 1, /* "llama" */
     TOK_MODEL_BPE = 2, /* "gpt2" */
     TOK_MODEL_WPM = 3, /* "bert" */
+    TOK_MODEL_UGM = 4, /* "t5": SentencePiece Unigram */
 };
 
 /* Token types, as stored in tokenizer.ggml.token_type. */

@@ -3,7 +3,8 @@
  * random encoder with the shared bge vocabulary: the full forward's scores and order
  * against the reference encoder and head (tests/support/ref_bert.c), pruning with
  * intermediate exits, steps against one run (equal up to the rounding of other matrix
- * kernels for other group sizes), and an embedding model refused.
+ * kernels for other group sizes), XLM-RoBERTa's pairs on a unigram vocabulary, and an
+ * embedding model refused.
  */
 #include <math.h>
 #include <stdio.h>
@@ -38,17 +39,15 @@ static const char *const DOCS[N_DOCS] = {
     "cats sleep most of the day",
 };
 
-/* A random cross-encoder (rank pooling: the cls head) or embedding model (pooling). */
-static const char *gen(int pooling, char *path, size_t cap)
+/* A random cross-encoder (rank pooling: the cls head) or embedding model (pooling) on
+ * the vocabulary at vp. */
+static const char *gen_on(const char *vp, int pooling, char *path, size_t cap)
 {
-    const char *vp = test_data_path("vocab/ggml-vocab-bert-bge.gguf");
-    if (!vp)
-        return NULL;
     char err[ERR_MAX];
     gguf_file *v = gguf_open(vp, err);
     if (!v)
         return NULL;
-    snprintf(path, cap, "%s/bert-%d.gguf", test_tmpdir(), pooling);
+    snprintf(path, cap, "%s/bert-%d-%s.gguf", test_tmpdir(), pooling, strrchr(vp, '/') + 1);
     modelgen_params p = {.arch = "bert", .dim = DIM, .n_layer = N_LAYER, .n_head = 4,
                          .n_head_kv = 4, .n_ff = 128, .n_ctx = 128, .type = QTYPE_F32,
                          .seed = 9, .vocab = v, .n_threads = 1, .pooling_type = pooling};
@@ -57,6 +56,13 @@ static const char *gen(int pooling, char *path, size_t cap)
     if (rc < 0)
         fprintf(stderr, "modelgen: %s\n", err);
     return rc < 0 ? NULL : path;
+}
+
+/* The same on ../shared's bge (WordPiece) vocabulary; NULL where it is absent. */
+static const char *gen(int pooling, char *path, size_t cap)
+{
+    const char *vp = test_data_path("vocab/ggml-vocab-bert-bge.gguf");
+    return vp ? gen_on(vp, pooling, path, cap) : NULL;
 }
 
 /* The reference score of (QUERY, doc): sigmoid of the head on the last layer's [CLS]. */
@@ -161,6 +167,65 @@ static void test_pruning_and_steps(void)
     rerank_close(rr);
 }
 
+/*
+ * An XLM-RoBERTa cross-encoder (bge-reranker-v2-m3's layout: the unigram vocabulary of
+ * tests/engine/data, one token type) scores <s> query </s></s> document </s>, the pair
+ * Hugging Face and llama.cpp give it; the BERT layout would move every score.
+ */
+static void test_xlmr_pairs(void)
+{
+    char path[512], err[ERR_MAX];
+    CHECK_MSG(gen_on("tests/engine/data/ugm-docs.gguf", 4, path, sizeof path),
+              "tests/engine/data/ugm-docs.gguf: run from the repository");
+    rerank_options o = rerank_default_options();
+    o.cv_threshold = 0;
+    o.top_k = N_DOCS;
+    o.mode = RERANK_ORDERED;
+    o.n_threads = 2;
+    reranker *rr = rerank_open(path, &o, err);
+    CHECK_MSG(rr, "%s", err);
+    rerank_result res;
+    CHECK_MSG(rerank_run(rr, QUERY, DOCS, N_DOCS, NULL, &res, err) == 0, "%s", err);
+    gguf_file *g = gguf_open(path, err);
+    ref_bert *ref = ref_bert_load(g);
+    tokenizer *tok;
+    CHECK(ref && tok_load(g, &tok, err) == 0);
+    int32_t bos = tok_bos(tok), eos = tok_eos(tok);
+    CHECK_EQ(bos, 0);
+    CHECK_EQ(eos, 2);
+    CHECK_EQ(tok_special(tok, TOK_SPECIAL_SEP), 2);
+    double worst = 0, worst_bert = 1;
+    for (int i = 0; i < res.n; i++) {
+        const char *doc = DOCS[res.index[i]];
+        int32_t ids[160], types[160] = {0};
+        int n = tok_encode(tok, QUERY, strlen(QUERY), true, false, ids, 160);
+        CHECK(ids[0] == bos && ids[n - 1] == eos);
+        int nq = n;
+        ids[n++] = eos;
+        n += tok_encode(tok, doc, strlen(doc), false, false, ids + n, 150 - n);
+        ids[n++] = eos;
+        double *h = malloc(sizeof(double) * (N_LAYER + 1) * 160 * DIM);
+        ref_bert_forward(ref, n, ids, types, h);
+        double want = 1.0 / (1.0 + exp(-ref_bert_head(ref, h + (size_t)N_LAYER * n * DIM)));
+        /* the BERT layout, one </s> between the texts */
+        memmove(ids + nq, ids + nq + 1, (size_t)(n - nq - 1) * sizeof *ids);
+        ref_bert_forward(ref, n - 1, ids, types, h);
+        double bert = 1.0 / (1.0 + exp(-ref_bert_head(ref, h + (size_t)N_LAYER * (n - 1) * DIM)));
+        free(h);
+        worst = fmax(worst, fabs(res.score[i] - want));
+        worst_bert = fmin(worst_bert, fabs(res.score[i] - bert));
+    }
+    printf("# xlmr pairs: largest difference from the reference %.2e; the BERT layout's "
+           "nearest %.2e\n", worst, worst_bert);
+    CHECK(worst < 1e-5);
+    CHECK(worst_bert > 1e-4);
+    rerank_result_free(&res);
+    tok_free(tok);
+    ref_bert_free(ref);
+    gguf_close(g);
+    rerank_close(rr);
+}
+
 static void test_embedding_model_refused(void)
 {
     char path[512], err[ERR_MAX];
@@ -176,6 +241,7 @@ int main(void)
 {
     RUN(test_full_matches_reference);
     RUN(test_pruning_and_steps);
+    RUN(test_xlmr_pairs);
     RUN(test_embedding_model_refused);
     return test_finish();
 }

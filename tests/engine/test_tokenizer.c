@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/support/test.h"
 
@@ -93,23 +94,18 @@ static bool ids_eq(const int32_t *a, int na, const int32_t *b, int nb)
     return na == nb && memcmp(a, b, (size_t)na * sizeof *a) == 0;
 }
 
-/* Checks every case of X.gguf.inp against X.gguf.out. */
-static void check_vectors(const char *name)
+/* Checks every case of PATH.inp against PATH.out (name for messages). */
+static void check_vectors_at(const char *gguf_path, const char *name)
 {
-    const char *path = vocab_path(name);
-    if (!path)
-        SKIP("vocab/ggml-vocab-%s.gguf not found (set LLMS_TESTDATA)", name);
-    char err[ERR_MAX] = "", rel[128];
-    tokenizer *t = load_path(path, err);
+    char err[ERR_MAX] = "", path[1024];
+    tokenizer *t = load_path(gguf_path, err);
     CHECK_MSG(t, "load %s: %s", name, err);
 
     size_t ni, no;
-    snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf.inp", name);
-    const char *pi = test_data_path(rel);
-    char *inp = pi ? read_whole(pi, &ni) : NULL;
-    snprintf(rel, sizeof rel, "vocab/ggml-vocab-%s.gguf.out", name);
-    const char *po = test_data_path(rel);
-    char *out = po ? read_whole(po, &no) : NULL;
+    snprintf(path, sizeof path, "%s.inp", gguf_path);
+    char *inp = read_whole(path, &ni);
+    snprintf(path, sizeof path, "%s.out", gguf_path);
+    char *out = read_whole(path, &no);
     if (!inp || !out) {
         free(inp);
         free(out);
@@ -162,6 +158,17 @@ static void check_vectors(const char *name)
     tok_free(t);
     CHECK_MSG(failed < 0, "%s %s", name, msg);
     CHECK(n_cases >= 40);
+}
+
+/* Checks the test vectors of ../shared's vocab/ggml-vocab-NAME.gguf. */
+static void check_vectors(const char *name)
+{
+    const char *path = vocab_path(name);
+    if (!path)
+        SKIP("vocab/ggml-vocab-%s.gguf not found (set LLMS_TESTDATA)", name);
+    char copy[1024];
+    snprintf(copy, sizeof copy, "%s", path);
+    check_vectors_at(copy, name);
 }
 
 /* decode(encode(s)) == s for every test string of a lossless vocabulary. */
@@ -228,6 +235,18 @@ static void test_vectors_bpe_gpt2(void)
 static void test_vectors_wpm_bert(void)
 {
     check_vectors("bert-bge");
+}
+
+/* The unigram vocabulary of tests/engine/data (make_ugm_vocab.py): ids from
+ * SentencePiece's own encoder, in XLM-RoBERTa's layout. */
+#define UGM_VOCAB "tests/engine/data/ugm-docs.gguf"
+
+static void test_vectors_ugm(void)
+{
+    CHECK_MSG(access(UGM_VOCAB, R_OK) == 0 && access(UGM_VOCAB ".inp", R_OK) == 0 &&
+                  access(UGM_VOCAB ".out", R_OK) == 0,
+              UGM_VOCAB " and its .inp/.out: run from the repository");
+    check_vectors_at(UGM_VOCAB, "ugm-docs");
 }
 
 static void test_round_trip_spm(void)
@@ -889,6 +908,193 @@ static void expect_error(gguf_writer *w, const char *name, const char *needle)
     CHECK_MSG(strstr(err, needle), "%s: error \"%s\" lacks \"%s\"", name, err, needle);
 }
 
+/* A unigram vocabulary of T5's layout (pad, eos, unk first), no charsmap. */
+static const vtok ugm_vocab[] = {
+    {"<pad>", 0, 3}, {"</s>", 0, 3},  {"<unk>", 0, 2}, {U2581, -2, 1},    {"a", -3, 1},
+    {"b", -3, 1},    {"ab", -4, 1},   {U2581 "ab", -1, 1}, {"c", -5, 1},  {"abc", -8.5f, 1},
+    {"<x>", 0, 4},   {"zz", -1, 5},   {"\xc3\xa9", -2, 1},
+};
+
+static tokenizer *ugm_small(bool space_prefix, bool remove_extra, const char *name, char *err)
+{
+    gguf_writer *w = vocab_writer("t5", ugm_vocab, 13);
+    gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", space_prefix);
+    gguf_writer_set_bool(w, "tokenizer.ggml.remove_extra_whitespaces", remove_extra);
+    return finish(w, name, err);
+}
+
+#define CHECK_IDS(t, text, add_special, ...)                                                       \
+    do {                                                                                           \
+        int32_t want_[] = {__VA_ARGS__}, got_[64];                                                 \
+        int n_ = enc(t, text, add_special, false, got_, 64);                                       \
+        CHECK_MSG(ids_eq(got_, n_, want_, (int)(sizeof want_ / sizeof *want_)), "\"%s\": got%s",  \
+                  esc(text, strlen(text)), ids_str(got_, n_));                                     \
+    } while (0)
+
+/* The segmentation of highest score, unknowns, whitespace rules, user-defined tokens and
+ * the T5 defaults, on a vocabulary small enough to work the sums by hand. */
+static void test_ugm_small(void)
+{
+    char err[ERR_MAX] = "";
+    tokenizer *t = ugm_small(true, true, "ugm-small", err);
+    CHECK_MSG(t, "%s", err);
+    CHECK_EQ(tok_model(t), TOK_MODEL_UGM);
+    /* "▁ab": ▁ab (-1) beats ▁ + ab (-6) and ▁ + a + b (-8) */
+    CHECK_IDS(t, "ab", false, 7);
+    /* "▁abc": ▁ab + c (-6) beats ▁ + abc (-10.5) */
+    CHECK_IDS(t, "abc", false, 7, 8);
+    /* 'd' is in no piece: the unknown token at -8.5 - 10; a run of them is one */
+    CHECK_IDS(t, "a d", false, 3, 4, 3, 2);
+    CHECK_IDS(t, "a ddd b", false, 3, 4, 3, 2, 3, 5);
+    /* a byte that starts no UTF-8 character is U+FFFD, unknown here; é is a piece */
+    CHECK_IDS(t, "\xff" "\xc3\xa9", false, 3, 2, 12);
+    /* remove_extra_whitespaces: runs shrink to one space, the ends lose theirs */
+    CHECK_IDS(t, "  a   b  ", false, 3, 4, 3, 5);
+    CHECK_EQ(enc(t, "   ", false, false, NULL, 0), 0);
+    /* unused pieces may be chosen, as llama.cpp and Hugging Face have it */
+    CHECK_IDS(t, "zz", false, 3, 11);
+    /* user-defined tokens are split out; each run of text gets its own space prefix */
+    CHECK_IDS(t, "a<x>b", false, 3, 4, 10, 3, 5);
+    /* T5's defaults: EOS 1 appended, no BOS */
+    CHECK_IDS(t, "ab", true, 7, 1);
+    CHECK(tok_add_eos(t) && !tok_add_bos(t));
+    CHECK_EQ(tok_eos(t), 1);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_UNK), 2);
+    CHECK_EQ(tok_special(t, TOK_SPECIAL_PAD), 0);
+    /* the decoder undoes the space prefix, as for SentencePiece's BPE */
+    int32_t ids[] = {7, 8, 1};
+    char text[32];
+    int n = tok_decode(t, ids, 3, true, false, text, sizeof text);
+    CHECK_MSG(n == 3 && !strcmp(text, "abc"), "decoded \"%s\"", text);
+    tok_free(t);
+
+    /* with neither prefix nor merging, the text starts bare and each space is a piece */
+    t = ugm_small(false, false, "ugm-plain", err);
+    CHECK_MSG(t, "%s", err);
+    CHECK_IDS(t, "ab", false, 6);
+    CHECK_IDS(t, "a  b", false, 4, 3, 3, 5);
+    CHECK_IDS(t, " ab", false, 7);
+    tok_free(t);
+}
+
+/* With all 256 <0xXX> byte tokens, an unknown run is spelled in bytes (SentencePiece's
+ * byte fallback); without one of them, it is the unknown token. */
+static void test_ugm_byte_fallback(void)
+{
+    vtok v[13 + 256];
+    char names[256][8];
+    memcpy(v, ugm_vocab, sizeof ugm_vocab);
+    for (int b = 0; b < 256; b++) {
+        snprintf(names[b], sizeof names[b], "<0x%02X>", b);
+        v[13 + b] = (vtok){names[b], 0, 6};
+    }
+    char err[ERR_MAX] = "";
+    gguf_writer *w = vocab_writer("t5", v, 13 + 256);
+    gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", true);
+    tokenizer *t = finish(w, "ugm-bytes", err);
+    CHECK_MSG(t, "%s", err);
+    CHECK_IDS(t, "a dd", false, 3, 4, 3, 13 + 'd', 13 + 'd');
+    char text[32];
+    int32_t ids[] = {3, 4, 3, 13 + 'd', 13 + 'd'};
+    int n = tok_decode(t, ids, 5, false, false, text, sizeof text);
+    CHECK_MSG(n == 4 && !strcmp(text, "a dd"), "decoded \"%s\"", text);
+    tok_free(t);
+
+    v[13 + 'q'].type = 1;
+    w = vocab_writer("t5", v, 13 + 256);
+    gguf_writer_set_bool(w, "tokenizer.ggml.add_space_prefix", true);
+    t = finish(w, "ugm-bytes-partial", err);
+    CHECK_MSG(t, "%s", err);
+    CHECK_IDS(t, "a dd", false, 3, 4, 3, 2);
+    tok_free(t);
+}
+
+/* A copy of tests/engine/data/ugm-docs.gguf with its charsmap replaced by blob; NULL if
+ * it does not load (err says why). */
+static tokenizer *ugm_docs_with_charsmap(const uint8_t *blob, size_t n, const char *name,
+                                         char *err)
+{
+    gguf_file *g = gguf_open("tests/engine/data/ugm-docs.gguf", err);
+    if (!g)
+        return NULL;
+    gguf_writer *w = gguf_writer_new();
+    for (int64_t i = 0; i < gguf_n_kv(g); i++)
+        if (!gguf_str_eq(gguf_key(g, i), "tokenizer.ggml.precompiled_charsmap"))
+            gguf_writer_copy_kv(w, g, i);
+    gguf_writer_set_arr(w, "tokenizer.ggml.precompiled_charsmap", GGUF_UINT8, blob, n);
+    char path[512];
+    snprintf(path, sizeof path, "%s/%s.gguf", test_tmpdir(), name);
+    int rc = gguf_writer_write(w, path, err);
+    gguf_writer_free(w);
+    gguf_close(g);
+    return rc ? NULL : load_path(path, err);
+}
+
+/* A charsmap of random units cannot make encoding read outside it: every index is
+ * bounded. Random texts through a few random maps give ids in the vocabulary. */
+static void test_ugm_random_charsmap(void)
+{
+    uint64_t rng = 88172645463325252ull;
+    char err[ERR_MAX] = "";
+    for (int map = 0; map < 8; map++) {
+        uint8_t blob[4 + 4096 + 64];
+        uint32_t units = 4096;
+        memcpy(blob, &units, 4);
+        for (size_t i = 4; i < sizeof blob; i++) {
+            rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+            blob[i] = (uint8_t)(rng >> 24);
+        }
+        blob[sizeof blob - 1] = 0;
+        char name[32];
+        snprintf(name, sizeof name, "ugm-random-%d", map);
+        tokenizer *t = ugm_docs_with_charsmap(blob, sizeof blob, name, err);
+        CHECK_MSG(t, "%s", err);
+        for (int k = 0; k < 200; k++) {
+            char text[64];
+            for (size_t i = 0; i < sizeof text; i++) {
+                rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                text[i] = (char)(rng >> 32);
+            }
+            int32_t ids[1024];
+            int n = tok_encode(t, text, sizeof text, true, false, ids, 1024);
+            CHECK(n > 0 && n <= 1024);
+            for (int i = 0; i < n; i++)
+                CHECK(ids[i] >= 0 && ids[i] < tok_n_vocab(t));
+        }
+        tok_free(t);
+    }
+}
+
+static void test_ugm_bad_charsmap(void)
+{
+    char err[ERR_MAX] = "";
+    uint8_t blob[16] = {8, 0, 0, 0};
+    CHECK(!ugm_docs_with_charsmap(blob, 3, "ugm-cm-short", err));
+    CHECK_MSG(strstr(err, "precompiled_charsmap"), "%s", err);
+    blob[0] = 12; /* units and nothing after them */
+    CHECK(!ugm_docs_with_charsmap(blob, 16, "ugm-cm-nostrings", err));
+    CHECK_MSG(strstr(err, "double array"), "%s", err);
+    blob[0] = 6; /* not whole units */
+    CHECK(!ugm_docs_with_charsmap(blob, 16, "ugm-cm-units", err));
+    CHECK_MSG(strstr(err, "double array"), "%s", err);
+    blob[0] = 8;
+    blob[15] = 'x';
+    CHECK(!ugm_docs_with_charsmap(blob, 16, "ugm-cm-nul", err));
+    CHECK_MSG(strstr(err, "NUL"), "%s", err);
+
+    static const vtok v[] = {{"a", -1, 1}, {"b", -1, 1}, {"<unk>", 0, 2}};
+    gguf_writer *w = vocab_writer("t5", v, 3);
+    float f[2] = {0};
+    gguf_writer_set_arr(w, "tokenizer.ggml.precompiled_charsmap", GGUF_FLOAT32, f, 2);
+    expect_error(w, "ugm-cm-type", "not an array of bytes");
+    w = vocab_writer("t5", v, 3);
+    gguf_writer_set_u32(w, "tokenizer.ggml.remove_extra_whitespaces", 1);
+    expect_error(w, "ugm-ws-type", "remove_extra_whitespaces");
+    w = vocab_writer("t5", v, 3);
+    gguf_writer_set_i32(w, "tokenizer.ggml.unknown_token_id", -1);
+    expect_error(w, "ugm-no-unk", "unknown token");
+}
+
 static void test_bad_metadata(void)
 {
     static const vtok v[] = {{"a", 0, 1}, {"b", 0, 1}, {"ab", 0, 1}, {"<s>", 0, 3}};
@@ -965,6 +1171,7 @@ int main(void)
     RUN(test_vectors_spm);
     RUN(test_vectors_bpe_gpt2);
     RUN(test_vectors_wpm_bert);
+    RUN(test_vectors_ugm);
     RUN(test_round_trip_spm);
     RUN(test_round_trip_bpe);
     RUN(test_pieces_table);
@@ -978,6 +1185,10 @@ int main(void)
     RUN(test_harmony_tokens);
     RUN(test_cohere_turn_end);
     RUN(test_fim_tokens);
+    RUN(test_ugm_small);
+    RUN(test_ugm_byte_fallback);
+    RUN(test_ugm_random_charsmap);
+    RUN(test_ugm_bad_charsmap);
     RUN(test_bad_metadata);
     return test_finish();
 }
