@@ -2,7 +2,9 @@
  *   even: the rest is a GGUF file; if it loads as a tokenizer, some text is encoded and
  *         every token is decoded (malformed metadata must fail cleanly, never crash);
  *   odd:  the rest is text, encoded with small SPM, byte-level BPE (llama3 pre-tokenizer)
- *         and WordPiece vocabularies; byte-level BPE must give the text back exactly. */
+ *         and WordPiece vocabularies and the unigram one of tests/engine/data (with its
+ *         NFKC charsmap; run from the repository, or it is left out); byte-level BPE
+ *         must give the text back exactly. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,7 +68,7 @@ static tokenizer *build(const char *model, const char *pre, int n, const char *c
     return t;
 }
 
-static tokenizer *vocabs[3];
+static tokenizer *vocabs[4];
 
 static void build_vocabs(void)
 {
@@ -117,6 +119,12 @@ static void build_vocabs(void)
     for (int i = 0; i < 9; i++, n++)
         texts[n] = wpm[i], types[n] = i < 5 ? 3 : 1;
     vocabs[2] = build("bert", NULL, n, texts, types, 0, NULL);
+
+    char err[ERR_MAX];
+    gguf_file *g = gguf_open("tests/engine/data/ugm-docs.gguf", err);
+    if (!g || tok_load(g, &vocabs[3], err) != 0)
+        fprintf(stderr, "fuzz_tokenizer: no unigram vocabulary: %s\n", err);
+    gguf_close(g);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
@@ -131,6 +139,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         exercise(vocabs[0], rest, len, false);
         exercise(vocabs[1], rest, len, true);
         exercise(vocabs[2], rest, len, false);
+        if (vocabs[3])
+            exercise(vocabs[3], rest, len, false);
         return 0;
     }
     char err[ERR_MAX];
