@@ -597,7 +597,7 @@ static void handle_status(sched *s, const sched_job *j)
     Llms__StatusResponse st = LLMS__STATUS_RESPONSE__INIT;
     st.version = LLMS_VERSION;
     st.model_path = models_generate(s->env.reg)->path;
-    st.model_arch = (char *)model_arch_name(hp->arch);
+    st.model_arch = (char *)hp->file_arch;
     const gguf_file *gf = model_gguf(s->env.m);
     for (int64_t i = 0; i < gguf_n_tensors(gf); i++)
         st.model_bytes += gguf_tensor_at(gf, i)->bytes;

@@ -148,12 +148,60 @@ const char *model_arch_name(enum model_arch a)
                                                                            : "?";
 }
 
+/*
+ * Files whose text model is one of the architectures above under another name:
+ * llama.cpp's conversions of Qwen2-VL and Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (the
+ * language model, with the vision tower in a separate mmproj file). Their M-RoPE gives
+ * a text token the same position in every section, so that it rotates as the plain
+ * model's RoPE; images are not read.
+ */
+static const struct {
+    const char *name;
+    enum model_arch text_arch;
+} model_arch_vision_text[] = {
+    {"qwen2vl", MODEL_ARCH_QWEN2},
+    {"qwen3vl", MODEL_ARCH_QWEN3},
+    {"qwen3vlmoe", MODEL_ARCH_QWEN3MOE},
+};
+
 int model_arch_from_name(const char *name, size_t len)
 {
     for (size_t i = 0; i < sizeof model_arch_names / sizeof *model_arch_names; i++)
         if (strlen(model_arch_names[i]) == len && memcmp(model_arch_names[i], name, len) == 0)
             return (int)i;
+    for (size_t i = 0; i < sizeof model_arch_vision_text / sizeof *model_arch_vision_text; i++)
+        if (strlen(model_arch_vision_text[i].name) == len &&
+            memcmp(model_arch_vision_text[i].name, name, len) == 0)
+            return (int)model_arch_vision_text[i].text_arch;
     return -1;
+}
+
+/* A vision model's M-RoPE sections (dimension pairs per position component), which a
+ * text token's equal positions make plain RoPE: read to refuse a file that has none or
+ * more pairs than rope.dimension_count, as llama.cpp requires them. */
+static int model_read_mrope_sections(const gguf_file *g, const char *arch,
+                                     const model_hparams *hp, char err[ERR_MAX])
+{
+    if (!strcmp(arch, model_arch_name(hp->arch)))
+        return 0;
+    char key[96];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", arch);
+    enum gguf_value_type et;
+    uint64_t n;
+    int32_t sections[4];
+    if (!gguf_get_arr(g, key, &et, &n) || n < 1 || n > 4 || !gguf_arr_i32(g, key, sections, n))
+        return err_set(err, "%s: missing or not an array of at most 4 integers", key);
+    int64_t pairs = 0;
+    for (uint64_t i = 0; i < n; i++) {
+        if (sections[i] < 0)
+            return err_set(err, "%s[%llu] = %d is negative", key, (unsigned long long)i,
+                           sections[i]);
+        pairs += sections[i];
+    }
+    if (pairs * 2 > hp->rope_dims)
+        return err_set(err, "%s: %lld dimension pairs, more than rope.dimension_count %d holds",
+                       key, (long long)pairs, hp->rope_dims);
+    return 0;
 }
 
 int model_layer_window(const model_hparams *hp, int layer)
@@ -686,7 +734,11 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         return err_set(err, "unsupported architecture '%.*s'", (int)(a.len > 64 ? 64 : a.len),
                        a.ptr);
     hp->arch = (enum model_arch)ai;
-    const char *arch = model_arch_name(hp->arch);
+    if (a.len >= sizeof hp->file_arch)
+        return err_set(err, "architecture name of %zu bytes", a.len);
+    memcpy(hp->file_arch, a.ptr, a.len);
+    hp->file_arch[a.len] = '\0';
+    const char *arch = hp->file_arch;
     bool granite = hp->arch == MODEL_ARCH_GRANITE || hp->arch == MODEL_ARCH_GRANITEMOE;
     /* llama.cpp's converter permutes their q and k rows (LlamaModel's): HF's halves become
      * interleaved pairs; Cohere's rotate_half pairs them so already (not permuted) */
@@ -719,6 +771,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     if (hp->rope_dims > hp->head_dim || hp->rope_dims % 2 != 0)
         return err_set(err, "%s.rope.dimension_count %d is odd or above the head dimension %d",
                        arch, hp->rope_dims, hp->head_dim);
+    if (model_read_mrope_sections(m->g, arch, hp, err) < 0)
+        return -1;
     if (model_get_dim(m->g, arch, "rope.scaling.original_context_length", hp->n_ctx,
                       &hp->rope_orig_ctx, err) < 0)
         return -1;

@@ -43,8 +43,11 @@
  * parallel (both outputs added to the residual), interleaved RoPE as the file holds q and
  * k, per-head q/k LayerNorms where the file has them (Command-R+), the output tied to the
  * embedding and multiplied by logit_scale; cohere2 slides three layers of four
- * (attention.sliding_window_pattern), the fourth attending globally without RoPE. Weights
- * are used in place from the file mapping.
+ * (attention.sliding_window_pattern), the fourth attending globally without RoPE. The
+ * language models of vision conversions load as their text architecture under their own
+ * key prefix (model_arch_from_name): "qwen2vl" (Qwen2-VL, Qwen2.5-VL) as qwen2, "qwen3vl"
+ * and "qwen3vlmoe" (Qwen3-VL) as qwen3 and qwen3moe, text only. Weights are used in place
+ * from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -95,7 +98,8 @@ enum model_arch {
 const char *model_arch_name(enum model_arch a);
 
 /* The architecture called name[0..len) (general.architecture), or -1 for one this engine's
- * decoder does not run. */
+ * decoder does not run; a vision conversion's name gives its language model's ("qwen3vl":
+ * MODEL_ARCH_QWEN3). */
 int model_arch_from_name(const char *name, size_t len);
 
 /* The feed-forward activation of gate, multiplied by up (but for the ungated one). */
@@ -122,6 +126,8 @@ enum model_rope_style {
 
 typedef struct model_hparams {
     enum model_arch arch;
+    char file_arch[24]; /* general.architecture as the file names it: the prefix of its
+                           keys, "qwen3vl" where arch is MODEL_ARCH_QWEN3 (model_arch_from_name) */
     enum model_rope_style rope_style;
     int n_vocab;
     int dim;        /* embedding length */

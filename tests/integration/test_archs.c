@@ -1,8 +1,8 @@
 /*
  * llmsd serves a file of each of the smaller architectures (olmo2, granitemoe with a
  * shared expert, smollm3, exaone, stablelm, mistral3, exaone4 with the 32B's hybrid
- * attention, glm4, chatglm, command-r, cohere2 with a window of 8, starcoder2, phi2): a
- * random-weight model of each (modelgen, 4 layers, F32) on the test data's llama SPM
+ * attention, glm4, chatglm, command-r, cohere2 with a window of 8, starcoder2, phi2, and
+ * a qwen3 file renamed qwen3vl as Qwen3-VL's language model): a random-weight model of each (modelgen, 4 layers, F32) on the test data's llama SPM
  * vocabulary; the daemon reports the architecture and
  * llama.cpp's /completion on token ids answers with the ids, log-probabilities and
  * runners-up of the engine's own greedy decode in this process (a prompt of 24, 12 tokens
@@ -40,7 +40,9 @@ static int32_t prompt_id(int i)
 
 /* Starts llmsd on a model of arch (p's other fields), checks that it names the
  * architecture and that its greedy /completion is the engine's. */
-static void serves(modelgen_params p)
+/* Serves p's model, or (vision_arch) its copy renamed to that vision conversion's
+ * architecture with Qwen3-VL's M-RoPE sections (halved for a head of 32). */
+static void serves_as(modelgen_params p, const char *vision_arch)
 {
     if (!llmsd_path[0])
         SKIP("llmsd is not built in this tree");
@@ -54,6 +56,17 @@ static void serves(modelgen_params p)
     proc_generate_model(model_path, sizeof model_path, name, &p);
     gguf_close(v);
     CHECK(model_path[0]);
+    const char *arch = p.arch;
+    if (vision_arch) {
+        char plain[1024], key[96];
+        snprintf(plain, sizeof plain, "%s", model_path);
+        proc_fmt(model_path, sizeof model_path, "%s/%s.gguf", test_tmpdir(), vision_arch);
+        snprintf(key, sizeof key, "%s.rope.dimension_sections", vision_arch);
+        static const int32_t sections[4] = {6, 5, 5, 0};
+        gguf_edit e = {.rename = vision_arch, .ints_key = key, .ints = sections, .n_ints = 4};
+        CHECK_MSG(gguf_copy_edited(plain, model_path, &e, err) == 0, "%s", err);
+        arch = vision_arch;
+    }
     int32_t prompt[N_PROMPT], want[N_GEN], second[N_GEN];
     float lp[N_GEN];
     for (int i = 0; i < N_PROMPT; i++)
@@ -61,17 +74,17 @@ static void serves(modelgen_params p)
     CHECK(model_check_greedy(model_path, prompt, N_PROMPT, want, lp, second, N_GEN) == 0);
 
     llmsd_proc d;
-    proc_fmt(http_sock, sizeof http_sock, "%s/%s-h.sock", test_tmpdir(), p.arch);
+    proc_fmt(http_sock, sizeof http_sock, "%s/%s-h.sock", test_tmpdir(), arch);
     struct group *g = getgrgid(getgid());
     proc_fmt(extra, sizeof extra, "kv_compress = none\nadmin_group = %s\nhttp_socket = %s\n",
              g ? g->gr_name : "root", http_sock);
-    CHECK_MSG(proc_start(&d, llmsd_path, p.arch, model_path, extra) == 0, "llmsd did not start");
+    CHECK_MSG(proc_start(&d, llmsd_path, arch, model_path, extra) == 0, "llmsd did not start");
     llms_conn *c = proc_connect(&d, NULL);
     llms_daemon_status st;
     bool named = c && proc_status(c, &st) == 0;
     if (named) {
-        named = st.model_arch && !strcmp(st.model_arch, p.arch);
-        printf("  %s: llmsd reports '%s'\n", p.arch, st.model_arch ? st.model_arch : "(none)");
+        named = st.model_arch && !strcmp(st.model_arch, arch);
+        printf("  %s: llmsd reports '%s'\n", arch, st.model_arch ? st.model_arch : "(none)");
         llms_daemon_status_free(&st);
     }
     llms_close(c);
@@ -100,15 +113,20 @@ static void serves(modelgen_params p)
         if (l)
             dlp = fmax(dlp, fabs(json_object_get_double(l) - lp[k]));
     }
-    printf("  %s: %s the engine's %d tokens, max |log-probability diff| %.2g\n", p.arch,
+    printf("  %s: %s the engine's %d tokens, max |log-probability diff| %.2g\n", arch,
            same ? "llmsd gives" : "llmsd does not give", N_GEN, dlp);
     char reply[512];
     snprintf(reply, sizeof reply, "%.500s", o ? json_object_to_json_string(o) : "(none)");
     json_object_put(o);
     int stopped = proc_stop(&d, SIGTERM);
-    CHECK_MSG(named, "%s: llmsd does not name the architecture", p.arch);
-    CHECK_MSG(same && dlp < 1e-3, "%s: %d %s", p.arch, status, reply);
-    CHECK_MSG(stopped == 0, "%s: llmsd did not exit cleanly", p.arch);
+    CHECK_MSG(named, "%s: llmsd does not name the architecture", arch);
+    CHECK_MSG(same && dlp < 1e-3, "%s: %d %s", arch, status, reply);
+    CHECK_MSG(stopped == 0, "%s: llmsd did not exit cleanly", arch);
+}
+
+static void serves(modelgen_params p)
+{
+    serves_as(p, NULL);
 }
 
 static modelgen_params small(const char *arch)
@@ -196,6 +214,12 @@ static void serves_starcoder2(void)
     serves(p);
 }
 
+/* Qwen3-VL's language model, a qwen3 file under its name (test_vl_text.c) */
+static void serves_qwen3vl(void)
+{
+    serves_as(small("qwen3"), "qwen3vl");
+}
+
 static void serves_phi2(void)
 {
     modelgen_params p = small("phi2");
@@ -223,6 +247,7 @@ int main(int argc, char **argv)
     RUN(serves_command_r);
     RUN(serves_cohere2);
     RUN(serves_starcoder2);
+    RUN(serves_qwen3vl);
     RUN(serves_phi2);
     return test_finish();
 }

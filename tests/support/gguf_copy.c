@@ -64,7 +64,7 @@ static int gguf_copy_edited_kv(gguf_writer *w, const gguf_file *g, const gguf_ed
     gguf_str arch;
     if (!gguf_get_str(g, "general.architecture", &arch))
         return err_set(err, "no general.architecture");
-    bool num_set = false, bools_set = false;
+    bool num_set = false, bools_set = false, ints_set = false;
     for (int64_t i = 0; i < gguf_n_kv(g); i++) {
         gguf_str k = gguf_key(g, i);
         char key[256];
@@ -82,6 +82,9 @@ static int gguf_copy_edited_kv(gguf_writer *w, const gguf_file *g, const gguf_ed
         } else if (e->bools_key && !strcmp(key, e->bools_key)) {
             bools_set = true;
             rc = gguf_writer_set_arr(w, key, GGUF_BOOL, e->bools, (uint64_t)e->n_bools);
+        } else if (e->ints_key && !strcmp(key, e->ints_key)) {
+            ints_set = true;
+            rc = gguf_writer_set_arr(w, key, GGUF_INT32, e->ints, (uint64_t)e->n_ints);
         } else if (e->rename && !strcmp(key, "general.architecture")) {
             rc = gguf_writer_set_str(w, key, e->rename);
         } else if (e->rename && k.len > arch.len && !memcmp(key, arch.ptr, arch.len) &&
@@ -102,7 +105,9 @@ static int gguf_copy_edited_kv(gguf_writer *w, const gguf_file *g, const gguf_ed
     }
     if ((e->num_key && !num_set && gguf_writer_set_u32(w, e->num_key, (uint32_t)e->num_value)) ||
         (e->bools_key && !bools_set &&
-         gguf_writer_set_arr(w, e->bools_key, GGUF_BOOL, e->bools, (uint64_t)e->n_bools)))
+         gguf_writer_set_arr(w, e->bools_key, GGUF_BOOL, e->bools, (uint64_t)e->n_bools)) ||
+        (e->ints_key && !ints_set &&
+         gguf_writer_set_arr(w, e->ints_key, GGUF_INT32, e->ints, (uint64_t)e->n_ints)))
         return err_set(err, "a metadata key cannot be added");
     return 0;
 }

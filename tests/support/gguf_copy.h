@@ -30,6 +30,9 @@ typedef struct gguf_edit {
     const char *bools_key;   /* a key set to the array bools[0..n_bools) */
     const bool *bools;
     int n_bools;
+    const char *ints_key;    /* a key set to the int32 array ints[0..n_ints) */
+    const int32_t *ints;
+    int n_ints;
     const char *cut;         /* a 1-D tensor written with its first cut_to elements */
     int64_t cut_to;
     const char *first_row;   /* a 2-D tensor written as its first row alone (1-D) */
