@@ -234,6 +234,12 @@ static const char *cuda_unsupported(const model *m)
         return "its feed-forward or RoPE variant";
     if (hp->head_dim % 8 || hp->head_dim > CUDA_ATTN_MAX_HEAD_DIM)
         return "a head_dim that is not a multiple of 8 up to 256";
+    for (int l = 0; l < hp->n_layer; l++) {
+        model_layer_tensors lt;
+        model_layer_tensors_of(m, l, &lt);
+        if (lt.bo)
+            return "an attention output bias";
+    }
     return NULL;
 }
 

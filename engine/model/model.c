@@ -149,19 +149,22 @@ const char *model_arch_name(enum model_arch a)
 }
 
 /*
- * Files whose text model is one of the architectures above under another name:
- * llama.cpp's conversions of Qwen2-VL and Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (the
- * language model, with the vision tower in a separate mmproj file). Their M-RoPE gives
- * a text token the same position in every section, so that it rotates as the plain
- * model's RoPE; images are not read.
+ * Files whose model is one of the architectures above under another name, computed as
+ * that one on the file's own keys:
+ * - llama.cpp's conversions of Qwen2-VL and Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (the
+ *   language model, with the vision tower in a separate mmproj file). Their M-RoPE gives
+ *   a text token the same position in every section, so that it rotates as the plain
+ *   model's RoPE; images are not read.
+ * - InternLM2 and 2.5, ERNIE 4.5 (the dense 0.3B) and XVERSE, whose layers llama.cpp
+ *   builds as llama's (its interleaved RoPE, the optional biases below).
  */
 static const struct {
     const char *name;
-    enum model_arch text_arch;
-} model_arch_vision_text[] = {
-    {"qwen2vl", MODEL_ARCH_QWEN2},
-    {"qwen3vl", MODEL_ARCH_QWEN3},
-    {"qwen3vlmoe", MODEL_ARCH_QWEN3MOE},
+    enum model_arch as;
+} model_arch_aliases[] = {
+    {"qwen2vl", MODEL_ARCH_QWEN2},     {"qwen3vl", MODEL_ARCH_QWEN3},
+    {"qwen3vlmoe", MODEL_ARCH_QWEN3MOE}, {"internlm2", MODEL_ARCH_LLAMA},
+    {"ernie4_5", MODEL_ARCH_LLAMA},    {"xverse", MODEL_ARCH_LLAMA},
 };
 
 int model_arch_from_name(const char *name, size_t len)
@@ -169,10 +172,10 @@ int model_arch_from_name(const char *name, size_t len)
     for (size_t i = 0; i < sizeof model_arch_names / sizeof *model_arch_names; i++)
         if (strlen(model_arch_names[i]) == len && memcmp(model_arch_names[i], name, len) == 0)
             return (int)i;
-    for (size_t i = 0; i < sizeof model_arch_vision_text / sizeof *model_arch_vision_text; i++)
-        if (strlen(model_arch_vision_text[i].name) == len &&
-            memcmp(model_arch_vision_text[i].name, name, len) == 0)
-            return (int)model_arch_vision_text[i].text_arch;
+    for (size_t i = 0; i < sizeof model_arch_aliases / sizeof *model_arch_aliases; i++)
+        if (strlen(model_arch_aliases[i].name) == len &&
+            memcmp(model_arch_aliases[i].name, name, len) == 0)
+            return (int)model_arch_aliases[i].as;
     return -1;
 }
 
@@ -182,7 +185,7 @@ int model_arch_from_name(const char *name, size_t len)
 static int model_read_mrope_sections(const gguf_file *g, const char *arch,
                                      const model_hparams *hp, char err[ERR_MAX])
 {
-    if (!strcmp(arch, model_arch_name(hp->arch)))
+    if (strcmp(arch, "qwen2vl") && strcmp(arch, "qwen3vl") && strcmp(arch, "qwen3vlmoe"))
         return 0;
     char key[96];
     snprintf(key, sizeof key, "%s.rope.dimension_sections", arch);
@@ -1155,9 +1158,10 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     if (model_matrix(m, "token_embd.weight", hp->n_vocab, hp->dim, &m->tok_embd, err) < 0)
         return -1;
 
-    /* per layer q_dim + 2 kv_dim: qwen2's biases, or command-r's per-head q/k norms */
+    /* per layer q_dim + 2 kv_dim: qwen2's biases, or command-r's per-head q/k norms; one
+     * dim of them the output bias any file may have */
     m->vecs_cap = 2 * (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
-                  (size_t)hp->n_layer * (4 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim) +
+                  (size_t)hp->n_layer * (5 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim) +
                   model_gptoss_vecs(hp) + model_linear_bias_vecs(hp);
     m->vecs = malloc(m->vecs_cap * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
@@ -1251,17 +1255,33 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
                                        model_matrix(m, NAME("ffn_down.weight"), hp->dim,
                                                     hp->n_ff, &L->w_down, err) < 0))
             return -1;
-        /* StableLM 2 1.6B has q/k/v biases, StableLM-3B-4E1T none: all three or none */
+        /* q/k/v biases: required of qwen2's family, StarCoder2's and Phi-2's; any other
+         * architecture's where the file has them (all three: StableLM 2 1.6B's, InternLM2's,
+         * llama conversions of models with attention_bias), as llama.cpp's loader takes them
+         * for every architecture; GLM-4's and fused attn_qkv's are their loaders' */
+        bool own_qkv = phi2_qkv || hp->arch == MODEL_ARCH_GLM4 || hp->arch == MODEL_ARCH_CHATGLM;
         bool biases = qwen2 || starcoder2 || (phi2 && !phi2_qkv) ||
-                      (hp->arch == MODEL_ARCH_STABLELM &&
-                                (gguf_find_tensor(m->g, NAME("attn_q.bias")) ||
-                                 gguf_find_tensor(m->g, NAME("attn_k.bias")) ||
-                                 gguf_find_tensor(m->g, NAME("attn_v.bias"))));
+                      (!own_qkv && (gguf_find_tensor(m->g, NAME("attn_q.bias")) ||
+                                    gguf_find_tensor(m->g, NAME("attn_k.bias")) ||
+                                    gguf_find_tensor(m->g, NAME("attn_v.bias"))));
         if (biases &&
             (model_vector(m, NAME("attn_q.bias"), q_dim, &L->extras.bq, err) < 0 ||
              model_vector(m, NAME("attn_k.bias"), kv_dim, &L->extras.bk, err) < 0 ||
              model_vector(m, NAME("attn_v.bias"), kv_dim, &L->extras.bv, err) < 0))
             return -1;
+        /* the output bias where the file has one (as llama.cpp's loader takes it) */
+        if (!starcoder2 && !phi2 && !gptoss && gguf_find_tensor(m->g, NAME("attn_output.bias")) &&
+            model_vector(m, NAME("attn_output.bias"), hp->dim, &L->bo, err) < 0)
+            return -1;
+        /* a gated feed-forward's biases (llama.cpp's optional ones) are not computed here:
+         * refused rather than left out */
+        static const char *const ffn_biases[] = {"ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"};
+        for (int i = 0; gated && !hp->n_expert && i < 3; i++) {
+            snprintf(name, sizeof name, "blk.%d.%s", l, ffn_biases[i]);
+            if (gguf_find_tensor(m->g, name))
+                return err_set(err, "tensor '%s': biases of a gated feed-forward are not "
+                                    "supported", name);
+        }
         if (qk_norm &&
             (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->extras.q_norm, err) < 0 ||
              model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->extras.k_norm, err) < 0))
@@ -1536,6 +1556,7 @@ void model_layer_tensors_of(const model *m, int layer, model_layer_tensors *out)
         .w_gate = L->w_gate,
         .w_up = L->w_up,
         .w_down = L->w_down,
+        .bo = L->bo,
     };
 }
 

@@ -46,8 +46,10 @@
  * (attention.sliding_window_pattern), the fourth attending globally without RoPE. The
  * language models of vision conversions load as their text architecture under their own
  * key prefix (model_arch_from_name): "qwen2vl" (Qwen2-VL, Qwen2.5-VL) as qwen2, "qwen3vl"
- * and "qwen3vlmoe" (Qwen3-VL) as qwen3 and qwen3moe, text only. Weights are used in place
- * from the file mapping.
+ * and "qwen3vlmoe" (Qwen3-VL) as qwen3 and qwen3moe, text only; "internlm2" (InternLM2,
+ * 2.5), "ernie4_5" (ERNIE 4.5 0.3B) and "xverse" as llama. Every architecture takes q/k/v
+ * biases (all three) and an output bias where the file has them, as llama.cpp's loader
+ * does. Weights are used in place from the file mapping.
  *
  * The forward primitive evaluates a batch of tokens at ARBITRARY absolute positions
  * against a kv_seq: each batch token attends to every entry of the sequence (existing
@@ -349,6 +351,7 @@ typedef struct model_layer_tensors {
     ops_matrix w_gate;       /* (n_ff, dim) */
     ops_matrix w_up;         /* (n_ff, dim) */
     ops_matrix w_down;       /* (dim, n_ff) */
+    const float *bo;         /* (dim) attn_output.bias, NULL where the file has none */
 } model_layer_tensors;
 
 /* Layer `layer` (< n_layer) of m's base. */

@@ -481,6 +481,7 @@ ref_model *ref_model_load(const gguf_file *g)
         L->bq = T("attn_q.bias");
         L->bk = T("attn_k.bias");
         L->bv = T("attn_v.bias");
+        L->bo = T("attn_output.bias"); /* any architecture's, where the file has it */
         if (m->glm4) { /* Glm4MLP's gate_up_proj, ChatGLM's query_key_value */
             double *qkv = T("attn_qkv.weight"), *qkv_b = T("attn_qkv.bias");
             ref_split_glm(m, L, qkv, qkv_b, T("ffn_up.weight"));
@@ -493,7 +494,6 @@ ref_model *ref_model_load(const gguf_file *g)
             L->ffn_norm = L->post_attn;
             L->post_attn = NULL;
             L->sinks = T("attn_sinks.weight");
-            L->bo = T("attn_output.bias");
             L->router_b = T("ffn_gate_inp.bias");
             L->gate_b = T("ffn_gate_exps.bias");
             L->up_b = T("ffn_up_exps.bias");
@@ -528,7 +528,6 @@ ref_model *ref_model_load(const gguf_file *g)
             ref_split_qkv_bias(m, L, T("attn_qkv.bias"));
         }
         if (m->ungated) {
-            L->bo = T("attn_output.bias");
             L->c_fc_b = T("ffn_up.bias");
             L->c_proj_b = T("ffn_down.bias");
         }
