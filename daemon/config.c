@@ -64,9 +64,9 @@ static const key_def keys[] = {
           "the default generate model's GGUF file (a llama, qwen2, qwen3, phi3, granite, "
           "qwen2moe, qwen3moe, olmoe, gemma, gemma2, gemma3, olmo2, granitemoe, smollm3, "
           "exaone, exaone4, stablelm, mistral3, glm4, chatglm, command-r, cohere2, "
-          "starcoder2, phi2, internlm2, ernie4_5, xverse or gpt-oss model, Mixtral's llama "
-          "with experts too, or the "
-          "language model of a qwen2vl, qwen3vl or qwen3vlmoe conversion, text only), required "
+          "starcoder2, phi2, seed_oss, internlm2, ernie4_5, xverse or gpt-oss model, Mixtral's "
+          "llama with experts too, or the language model of a qwen2vl, qwen3vl or qwen3vlmoe "
+          "conversion, text only), required "
           "unless a `model.NAME` line has the `generate` role; its registry "
           "name is the file name without `.gguf`. The service runs with `ProtectHome=yes`: "
           "keep it outside /home (e.g. in /var/lib/llmsd or /usr/local/share)"),

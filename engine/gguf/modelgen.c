@@ -284,7 +284,8 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
                                         "gemma",    "gemma2",   "gemma3",   "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
                                         "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
-                                        "command-r", "cohere2", "starcoder2", "phi2"};
+                                        "command-r", "cohere2", "starcoder2", "phi2",
+                                        "seed_oss"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -504,6 +505,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool gptoss = strcmp(p->arch, "gpt-oss") == 0;
     bool cohere2 = strcmp(p->arch, "cohere2") == 0;
     bool cohere = cohere2 || !strcmp(p->arch, "command-r");
+    bool seed_oss = strcmp(p->arch, "seed_oss") == 0;
     /* Command-R+'s per-head q/k norms: llama.cpp's command-r has them at 64 layers and more */
     bool qk_heads = cohere && !cohere2 && p->n_layer >= 64;
     /* StableLM's partial_rotary_factor 0.25, GLM-4's and ChatGLM's 0.5 */
@@ -535,6 +537,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool post_norms_only = olmo2 || exaone4;
     if (cohere) /* Aya Expanse 8B's and Command R7B's rope_theta, their layer_norm_eps */
         rope_base = cohere2 ? 50000.0f : 10000.0f, eps = 1e-5f;
+    if (seed_oss) /* Seed-OSS-36B's */
+        rope_base = 10000000.0f, eps = 1e-6f;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
@@ -711,8 +715,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
             ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
         }
-        /* StableLM 2 1.6B's q/k/v biases, StarCoder2's, Phi-2's, GLM-4-0414's */
-        if (qwen2 || gptoss || layer_norm || glm4) {
+        /* StableLM 2 1.6B's q/k/v biases, StarCoder2's, Phi-2's, GLM-4-0414's, Seed-OSS's */
+        if (qwen2 || gptoss || layer_norm || glm4 || seed_oss) {
             ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
@@ -737,13 +741,15 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
              * shows in the logits */
             ADD(N("attn_output.bias"), 1, p->dim, 1, 0.1f, 0.0f);
             ADD(N("attn_sinks.weight"), 1, p->n_head, 1, 1.0f, 1.0f);
-            /* the feed-forward's norm, named after HF's post_attention_layernorm */
-            ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         }
+        /* gpt-oss's and Seed-OSS's feed-forward norm, named after HF's
+         * post_attention_layernorm */
+        if (gptoss || seed_oss)
+            ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (gemma2 || gemma3 || post_norms_only || glm4)
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         /* Cohere's and Phi-2's feed-forward read attn_norm's output */
-        if (!post_norms_only && !gptoss && !cohere && !phi2)
+        if (!post_norms_only && !gptoss && !cohere && !phi2 && !seed_oss)
             ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (layer_norm && !phi2)
             ADD(N("ffn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);

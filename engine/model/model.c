@@ -139,6 +139,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_COHERE2] = "cohere2",
     [MODEL_ARCH_STARCODER2] = "starcoder2",
     [MODEL_ARCH_PHI2] = "phi2",
+    [MODEL_ARCH_SEED_OSS] = "seed_oss",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -801,7 +802,7 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     /* the epsilon llama.cpp requires of them */
     if ((hp->arch == MODEL_ARCH_PHI3 || granite || hp->arch == MODEL_ARCH_SMOLLM3 ||
          hp->arch == MODEL_ARCH_EXAONE || hp->arch == MODEL_ARCH_MISTRAL3 ||
-         hp->arch == MODEL_ARCH_EXAONE4) &&
+         hp->arch == MODEL_ARCH_EXAONE4 || hp->arch == MODEL_ARCH_SEED_OSS) &&
         model_require(m->g, arch, "attention.layer_norm_rms_epsilon", err) < 0)
         return -1;
     /* SmolLM3's NoPE layers: HF's no_rope_layers default (no_rope_layer_interval 4), which
@@ -1205,11 +1206,12 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
 #define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
         if ((hp->pre_norms &&
              (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
-              /* gpt-oss's converter names the feed-forward's norm after HF's
-               * post_attention_layernorm; a parallel layer has none */
+              /* gpt-oss's and Seed-OSS's converters name the feed-forward's norm after
+               * HF's post_attention_layernorm; a parallel layer has none */
               (!hp->parallel &&
-               model_vector(m, gptoss ? NAME("post_attention_norm.weight")
-                                      : NAME("ffn_norm.weight"),
+               model_vector(m, gptoss || hp->arch == MODEL_ARCH_SEED_OSS
+                                   ? NAME("post_attention_norm.weight")
+                                   : NAME("ffn_norm.weight"),
                             hp->dim, &L->ffn_norm, err) < 0))) ||
             (layer_norm &&
              (model_vector(m, NAME("attn_norm.bias"), hp->dim, &L->attn_norm_b, err) < 0 ||

@@ -43,8 +43,9 @@
  * parallel (both outputs added to the residual), interleaved RoPE as the file holds q and
  * k, per-head q/k LayerNorms where the file has them (Command-R+), the output tied to the
  * embedding and multiplied by logit_scale; cohere2 slides three layers of four
- * (attention.sliding_window_pattern), the fourth attending globally without RoPE. The
- * language models of vision conversions load as their text architecture under their own
+ * (attention.sliding_window_pattern), the fourth attending globally without RoPE;
+ * ByteDance's "seed_oss" (Seed-OSS-36B): llama's layer with NEOX RoPE, q/k/v biases and
+ * the feed-forward's norm named after HF's post_attention_layernorm. The language models of vision conversions load as their text architecture under their own
  * key prefix (model_arch_from_name): "qwen2vl" (Qwen2-VL, Qwen2.5-VL) as qwen2, "qwen3vl"
  * and "qwen3vlmoe" (Qwen3-VL) as qwen3 and qwen3moe, text only; "internlm2" (InternLM2,
  * 2.5), "ernie4_5" (ERNIE 4.5 0.3B) and "xverse" as llama. Every architecture takes q/k/v
@@ -94,6 +95,7 @@ enum model_arch {
     MODEL_ARCH_COHERE2,
     MODEL_ARCH_STARCODER2,
     MODEL_ARCH_PHI2,
+    MODEL_ARCH_SEED_OSS,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */

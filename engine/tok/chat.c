@@ -45,6 +45,7 @@ static const char *const family_names[] = {
     [CHAT_CHATGLM4] = "chatglm4",
     [CHAT_GLM_Z1] = "glm-z1",
     [CHAT_COMMAND_R] = "command-r",
+    [CHAT_SEED_OSS] = "seed_oss",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
@@ -209,6 +210,8 @@ enum chat_family chat_detect(const char *t)
         return CHAT_GRANITE;
     if (strstr(t, "[|system|]") && strstr(t, "[|assistant|]") && strstr(t, "[|endofturn|]"))
         return CHAT_EXAONE3;
+    if (strstr(t, "<seed:bos>"))
+        return CHAT_SEED_OSS;
     return CHAT_PLAIN;
 }
 
@@ -250,6 +253,8 @@ const char *chat_stop_text(enum chat_family f)
         return "<|user|>";
     case CHAT_COMMAND_R:
         return "<|END_OF_TURN_TOKEN|>";
+    case CHAT_SEED_OSS:
+        return "<seed:eos>";
     case CHAT_PLAIN:
         return "\nUser:";
     default:
@@ -607,6 +612,23 @@ static void apply_command_r(textwriter *w, const struct chat_message *msgs, int 
         textwriter_put(w, open[ROLE_ASSISTANT]);
 }
 
+/* Seed-OSS's turns, as llama.cpp's LLM_CHAT_TEMPLATE_SEED_OSS writes them. */
+static void apply_seed_oss(textwriter *w, const struct chat_message *msgs, int n, bool gen)
+{
+    for (int i = 0; i < n; i++) {
+        textwriter_put(w, "<seed:bos>");
+        textwriter_put(w, msgs[i].role);
+        textwriter_put(w, "\n");
+        if (role_of(&msgs[i]) == ROLE_ASSISTANT)
+            textwriter_put_trimmed(w, msgs[i].content);
+        else
+            textwriter_put(w, msgs[i].content);
+        textwriter_put(w, "<seed:eos>");
+    }
+    if (gen)
+        textwriter_put(w, "<seed:bos>assistant\n");
+}
+
 /* SmolLM3's custom instructions for its "/think" mode when the system message gives none
  * (its template's text). */
 static const char smollm3_think_default[] =
@@ -761,6 +783,9 @@ int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
         break;
     case CHAT_COMMAND_R:
         apply_command_r(&w, msgs, n, add_generation_prompt);
+        break;
+    case CHAT_SEED_OSS:
+        apply_seed_oss(&w, msgs, n, add_generation_prompt);
         break;
     case CHAT_SMOLLM3:
         if (apply_smollm3(&w, msgs, n, add_generation_prompt, enable_thinking) < 0)

@@ -133,10 +133,15 @@ enum chat_family {
      * templates write a default preamble when there is no system message; llama.cpp's
      * command-r format, kept here, does not */
     CHAT_COMMAND_R,
+    /* "<seed:bos>role\ncontent<seed:eos>" (Seed-OSS), the assistant's content trimmed, the
+     * generation prompt "<seed:bos>assistant\n", as llama.cpp's seed_oss format. The
+     * template's default system message of the thinking budget is not written, nor is
+     * the reply's "<seed:think>" block told from its answer */
+    CHAT_SEED_OSS,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_COMMAND_R + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_SEED_OSS + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
@@ -177,7 +182,7 @@ const char *chat_family_name(enum chat_family f);
     "plain|chatml|hermes|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|"         \
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
     "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma|" \
-    "exaone3|smollm3|gpt-oss|chatglm4|glm-z1|command-r"
+    "exaone3|smollm3|gpt-oss|chatglm4|glm-z1|command-r|seed_oss"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */

@@ -33,6 +33,10 @@
 #define RE_QWEN2                                            \
     RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" \
     "| ?[^" RE_WS "\\p{L}\\p{N}]+[\\r\\n]*|" RE_S "*[\\r\\n]+|" RE_S "+(?!" RE_NS ")|" RE_S "+"
+/* Seed-Coder's and Seed-OSS's: qwen2's, punctuation without the line breaks after it */
+#define RE_SEED_CODER                                        \
+    RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" \
+    "| ?[^" RE_WS "\\p{L}\\p{N}]+|" RE_S "*[\\r\\n]+|" RE_S "+(?!" RE_NS ")|" RE_S "+"
 #define RE_CJK "[\\x{4E00}-\\x{9FA5}\\x{0800}-\\x{4E00}\\x{AC00}-\\x{D7FF}]+"
 /* A run of letters other than a-z, then of letters other than A-Z (or the reverse).
  * llama.cpp writes "a letter other than a-z" as ((?=[\p{L}])([^a-z])); a repeated group
@@ -88,6 +92,7 @@ static const pre_tokenizer pre_tokenizers[] = {
      * with the template's "[gMASK]<sop>" */
     {{"glm4", "chatglm-bpe"}, {RE_LLAMA3}, false, false},
     {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"}, {RE_QWEN2}, false, false},
+    {{"seed-coder"}, {RE_SEED_CODER}, false, false},
     {{"deepseek-llm"},
      {"[\r\n]", RE_S "?[" RE_DEEPSEEK_LETTERS "]+",
       RE_S "?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+",

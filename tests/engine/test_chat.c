@@ -457,6 +457,11 @@ static void detects_more_llama_and_qwen_families(void)
          "'<|END_OF_TURN_TOKEN|>' }}{% endif %}{% endfor %}{% if add_generation_prompt %}{{ "
          "'<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>' }}{% endif %}",
          "command-r"},
+        /* Seed-OSS's turns (its template adds a thinking budget's system text) */
+        {"{%- for message in messages %}{{ '<seed:bos>' + message.role + '\\n' + "
+         "message.content + '<seed:eos>' }}{%- endfor %}{%- if add_generation_prompt %}{{ "
+         "'<seed:bos>assistant\\n' }}{%- endif %}",
+         "seed_oss"},
     };
     for (size_t i = 0; i < sizeof D / sizeof D[0]; i++) {
         const char *got = chat_family_name(chat_detect(D[i].tmpl));
@@ -682,6 +687,13 @@ static const struct {
      "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>I am an assistant<|END_OF_TURN_TOKEN|>"
      "<|START_OF_TURN_TOKEN|><|USER_TOKEN|>Another question<|END_OF_TURN_TOKEN|>"
      "<|START_OF_TURN_TOKEN|><|CHATBOT_TOKEN|>"},
+    /* llama.cpp's LLM_CHAT_TEMPLATE_SEED_OSS (its llama_chat_apply_template's output for
+     * these messages): the assistant's contents trimmed */
+    {CHAT_SEED_OSS,
+     "<seed:bos>system\nYou are a helpful assistant<seed:eos><seed:bos>user\nHello<seed:eos>"
+     "<seed:bos>assistant\nHi there<seed:eos><seed:bos>user\nWho are you<seed:eos>"
+     "<seed:bos>assistant\nI am an assistant<seed:eos><seed:bos>user\nAnother "
+     "question<seed:eos><seed:bos>assistant\n"},
 };
 
 static void formats_match_llama_cpp(void)
@@ -923,6 +935,7 @@ static void stop_texts_per_family(void)
     CHECK(strcmp(chat_stop_text(CHAT_EXAONE3), "[|endofturn|]") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_SMOLLM3), "<|im_end|>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_COMMAND_R), "<|END_OF_TURN_TOKEN|>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_SEED_OSS), "<seed:eos>") == 0);
     CHECK_EQ(chat_thinking(CHAT_COMMAND_R), CHAT_THINK_NONE);
     CHECK_EQ(chat_thinking(CHAT_GEMMA), CHAT_THINK_NONE);
     CHECK_EQ(chat_thinking(CHAT_EXAONE3), CHAT_THINK_NONE);

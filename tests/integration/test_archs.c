@@ -1,7 +1,8 @@
 /*
  * llmsd serves a file of each of the smaller architectures (olmo2, granitemoe with a
  * shared expert, smollm3, exaone, stablelm, mistral3, exaone4 with the 32B's hybrid
- * attention, glm4, chatglm, command-r, cohere2 with a window of 8, starcoder2, phi2, and
+ * attention, glm4, chatglm, command-r, cohere2 with a window of 8, starcoder2, phi2,
+ * seed_oss, and
  * a qwen3 file renamed qwen3vl as Qwen3-VL's language model): a random-weight model of each (modelgen, 4 layers, F32) on the test data's llama SPM
  * vocabulary; the daemon reports the architecture and
  * llama.cpp's /completion on token ids answers with the ids, log-probabilities and
@@ -214,7 +215,7 @@ static void serves_starcoder2(void)
     serves(p);
 }
 
-/* Qwen3-VL's language model, a qwen3 file under its name (test_vl_text.c) */
+/* Qwen3-VL's language model, a qwen3 file under its name (test_arch_aliases.c) */
 static void serves_qwen3vl(void)
 {
     serves_as(small("qwen3"), "qwen3vl");
@@ -224,6 +225,13 @@ static void serves_phi2(void)
 {
     modelgen_params p = small("phi2");
     p.n_ff = 512;
+    serves(p);
+}
+
+static void serves_seed_oss(void)
+{
+    modelgen_params p = small("seed_oss");
+    p.n_head_kv = 2;
     serves(p);
 }
 
@@ -249,5 +257,6 @@ int main(int argc, char **argv)
     RUN(serves_starcoder2);
     RUN(serves_qwen3vl);
     RUN(serves_phi2);
+    RUN(serves_seed_oss);
     return test_finish();
 }

@@ -171,6 +171,7 @@ struct ref_model {
     bool *slides;               /* (n_layer) exaone4: HF's layer_types, sliding ones true */
     double rope_factor;         /* gemma3's global layers: positions / factor */
     bool gptoss;
+    bool seed_oss; /* the feed-forward's norm is post_attention_norm, as gpt-oss's */
     double *yarn_inv_freq;       /* gpt-oss, mistral3: (rotary_dim / 2) YaRN's, or NULL */
     double temp_beta;            /* mistral3: Llama 4's query scaling, 0: none */
     int temp_floor;              /* its positions per step */
@@ -344,7 +345,8 @@ ref_model *ref_model_load(const gguf_file *g)
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
                                         "granitemoe", "smollm3", "exaone", "stablelm",
                                         "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
-                                        "command-r", "cohere2", "starcoder2", "phi2"};
+                                        "command-r", "cohere2", "starcoder2", "phi2",
+                                        "seed_oss"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -367,10 +369,13 @@ ref_model *ref_model_load(const gguf_file *g)
     /* StarCoder2's attention is qwen2's too (biases, halves), its norms StableLM's */
     bool phi2 = !strcmp(arch, "phi2");
     m->ungated = !strcmp(arch, "starcoder2") || phi2;
+    /* Seed-OSS's layer is qwen2's (biases, halves), its feed-forward norm gpt-oss's name */
+    m->seed_oss = !strcmp(arch, "seed_oss");
     m->arch = ai <= REF_GEMMA3                                     ? ai
               : granitemoe                                         ? REF_GRANITE
               : llama_layer                                        ? REF_LLAMA
               : qwen2moe || m->gptoss || !strcmp(arch, "stablelm") ? REF_QWEN2
+              : m->seed_oss                                        ? REF_QWEN2
               : m->ungated                                         ? REF_QWEN2
                                                                    : REF_QWEN3;
     bool exaone4 = !strcmp(arch, "exaone4");
@@ -490,9 +495,12 @@ ref_model *ref_model_load(const gguf_file *g)
         L->k_norm = T("attn_k_norm.weight");
         L->post_attn = T("post_attention_norm.weight");
         L->post_ffn = T("post_ffw_norm.weight");
-        if (m->gptoss) { /* its post_attention_norm is the feed-forward's input norm */
+        if (m->gptoss || m->seed_oss) { /* their post_attention_norm is the feed-forward's
+                                           input norm */
             L->ffn_norm = L->post_attn;
             L->post_attn = NULL;
+        }
+        if (m->gptoss) {
             L->sinks = T("attn_sinks.weight");
             L->router_b = T("ffn_gate_inp.bias");
             L->gate_b = T("ffn_gate_exps.bias");
