@@ -29,6 +29,7 @@
 
 #include "engine/gguf/gguf.h"
 #include "engine/tok/tok_internal.h"
+#include "engine/tok/utf8.h"
 
 #define UGM_UNKNOWN_PENALTY 10.0
 
@@ -178,30 +179,6 @@ static size_t charsmap_match(const tokenizer *t, const char *s, size_t n, const 
     return best;
 }
 
-/* Byte length of the valid UTF-8 character at s[0..n), or 0: SentencePiece refuses
- * overlong forms, surrogates and code points past U+10FFFF. */
-static size_t valid_utf8_len(const unsigned char *s, size_t n)
-{
-    if (s[0] < 0x80)
-        return 1;
-    size_t len = (s[0] & 0xe0) == 0xc0   ? 2
-                 : (s[0] & 0xf0) == 0xe0 ? 3
-                 : (s[0] & 0xf8) == 0xf0 ? 4
-                                         : 0;
-    if (len == 0 || len > n)
-        return 0;
-    uint32_t cp = s[0] & (0x7f >> len);
-    for (size_t i = 1; i < len; i++) {
-        if ((s[i] & 0xc0) != 0x80)
-            return 0;
-        cp = cp << 6 | (s[i] & 0x3f);
-    }
-    static const uint32_t least[5] = {0, 0, 0x80, 0x800, 0x10000};
-    if (cp < least[len] || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff)
-        return 0;
-    return len;
-}
-
 /* One step of SentencePiece's NormalizePrefix: the normalized form of the text's first
  * characters and how many bytes it consumed. */
 static size_t normalize_prefix(const tokenizer *t, const char *s, size_t n, const char **out,
@@ -214,15 +191,17 @@ static size_t normalize_prefix(const tokenizer *t, const char *s, size_t n, cons
         *out_len = strlen(repl);
         return m;
     }
-    size_t len = valid_utf8_len((const unsigned char *)s, n);
-    if (len == 0) {
+    /* utf8_seq refuses overlong forms, surrogates and code points past U+10FFFF, as
+     * SentencePiece does */
+    int len = utf8_seq(s, n);
+    if (len <= 0) {
         *out = "\xef\xbf\xbd";
         *out_len = 3;
         return 1;
     }
     *out = s;
-    *out_len = len;
-    return len;
+    *out_len = (size_t)len;
+    return (size_t)len;
 }
 
 /* llama.cpp's form of SentencePiece's whitespace rules: with remove_extra_whitespaces
