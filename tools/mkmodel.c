@@ -4,7 +4,8 @@
  *   mkmodel -o OUT.gguf
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
  *                  |olmo2|granitemoe|smollm3|exaone|stablelm|mistral3|exaone4|glm4|chatglm
- *                  |command-r|cohere2|starcoder2|phi2|seed_oss|gpt-oss|bert|nomic-bert
+ *                  |command-r|cohere2|starcoder2|phi2|seed_oss|hunyuan-dense|gpt-oss|bert
+ *                  |nomic-bert
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]
  *            [--expert-type mxfp4|type]]
@@ -98,7 +99,8 @@ static void usage(FILE *out)
             "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
             "                      gemma|gemma2|gemma3|olmo2|granitemoe|smollm3|exaone|\n"
             "                      stablelm|mistral3|exaone4|glm4|chatglm|command-r|cohere2|\n"
-            "                      starcoder2|phi2|seed_oss|gpt-oss|bert|nomic-bert\n"
+            "                      starcoder2|phi2|seed_oss|hunyuan-dense|gpt-oss|bert|\n"
+            "                      nomic-bert\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]\n"
             "                [--expert-type mxfp4|type]]\n"

@@ -285,7 +285,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
                                         "granitemoe", "smollm3", "exaone", "stablelm",
                                         "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
                                         "command-r", "cohere2", "starcoder2", "phi2",
-                                        "seed_oss"};
+                                        "seed_oss", "hunyuan-dense"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -490,7 +490,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     int64_t q_dim = (int64_t)p->n_head * hd, kv_dim = (int64_t)p->n_head_kv * hd;
     bool qwen2moe = strcmp(p->arch, "qwen2moe") == 0, qwen3moe = strcmp(p->arch, "qwen3moe") == 0;
     bool qwen2 = strcmp(p->arch, "qwen2") == 0 || qwen2moe;
-    bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe;
+    bool hunyuan = strcmp(p->arch, "hunyuan-dense") == 0; /* qwen3's tensors */
+    bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe || hunyuan;
     bool olmoe = strcmp(p->arch, "olmoe") == 0, olmo2 = strcmp(p->arch, "olmo2") == 0;
     bool stablelm = strcmp(p->arch, "stablelm") == 0;
     bool glm4 = strcmp(p->arch, "glm4") == 0, chatglm = strcmp(p->arch, "chatglm") == 0;
@@ -539,6 +540,8 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         rope_base = cohere2 ? 50000.0f : 10000.0f, eps = 1e-5f;
     if (seed_oss) /* Seed-OSS-36B's */
         rope_base = 10000000.0f, eps = 1e-6f;
+    if (hunyuan) /* Hunyuan-7B's rope_theta (raised by its alpha, below) and epsilon */
+        rope_base = 10000.0f, eps = 1e-5f;
 
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
@@ -602,7 +605,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
                                         p->final_softcap > 0 ? p->final_softcap : 30.0f) < 0)) ||
         (p->rope_linear > 0 &&
          (gguf_writer_set_str(w, KEY("rope.scaling.type"), "linear") < 0 ||
-          gguf_writer_set_f32(w, KEY("rope.scaling.factor"), p->rope_linear) < 0))) {
+          gguf_writer_set_f32(w, KEY("rope.scaling.factor"), p->rope_linear) < 0)) ||
+        /* Hunyuan-7B's NTK-aware alpha */
+        (hunyuan && gguf_writer_set_f32(w, KEY("rope.scaling.alpha"), 1000.0f) < 0)) {
         err_set(err, "cannot set metadata");
         goto out;
     }

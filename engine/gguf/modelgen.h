@@ -63,7 +63,8 @@ typedef struct modelgen_params {
      * checkpoint: starcoder2's tensors without ffn_norm, output.weight (tie_output is
      * ignored) and output.bias, 0.4 of each head rotated unless rope_dims says otherwise),
      * "seed_oss" (Seed-OSS: qwen2's tensors with the feed-forward's norm named
-     * post_attention_norm), "gpt-oss" (below),
+     * post_attention_norm), "hunyuan-dense" (qwen3's tensors, rope.scaling.alpha 1000),
+     * "gpt-oss" (below),
      * "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The
      * Gemma family as llama.cpp's converter writes it: norm weights near 1 (the
      * converter's +1 already added), no output.weight (llama.cpp reads the token

@@ -140,6 +140,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_STARCODER2] = "starcoder2",
     [MODEL_ARCH_PHI2] = "phi2",
     [MODEL_ARCH_SEED_OSS] = "seed_oss",
+    [MODEL_ARCH_HUNYUAN_DENSE] = "hunyuan-dense",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -727,6 +728,34 @@ static int model_read_starcoder2_phi2(const gguf_file *g, const char *arch, mode
     return 0;
 }
 
+/*
+ * Hunyuan's dense models (hunyuan-dense: Hunyuan 0.5B to 7B, Hunyuan-MT-7B), as llama.cpp
+ * reads them and HF's HunYuanDenseV1ForCausalLM computes them: qwen3's layer with the
+ * per-head q/k RMSNorms (query_layernorm, key_layernorm) of the rotated q and k, and the
+ * RoPE base raised by the NTK-aware alpha where the file has rope.scaling.alpha:
+ * base * alpha^(d / (d - 2)) over the head dimension d. HunyuanOCR's XD-RoPE sections are
+ * refused.
+ */
+static int model_read_hunyuan(const gguf_file *g, const char *arch, model_hparams *hp,
+                              char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_HUNYUAN_DENSE)
+        return 0;
+    hp->qk_norm_after_rope = true;
+    char key[96];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", arch);
+    if (gguf_find_key(g, key) >= 0)
+        return err_set(err, "%s: HunyuanOCR's XD-RoPE is not supported", key);
+    float alpha;
+    if (model_get_float(g, arch, "rope.scaling.alpha", 0.0f, &alpha, err) < 0)
+        return -1;
+    if (!(alpha >= 0.0f && alpha < 1e6f))
+        return err_set(err, "%s.rope.scaling.alpha %g out of range (0..1e6)", arch, alpha);
+    if (alpha > 0.0f && hp->head_dim > 2)
+        hp->rope_base *= powf(alpha, (float)hp->head_dim / (float)(hp->head_dim - 2));
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -802,7 +831,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     /* the epsilon llama.cpp requires of them */
     if ((hp->arch == MODEL_ARCH_PHI3 || granite || hp->arch == MODEL_ARCH_SMOLLM3 ||
          hp->arch == MODEL_ARCH_EXAONE || hp->arch == MODEL_ARCH_MISTRAL3 ||
-         hp->arch == MODEL_ARCH_EXAONE4 || hp->arch == MODEL_ARCH_SEED_OSS) &&
+         hp->arch == MODEL_ARCH_EXAONE4 || hp->arch == MODEL_ARCH_SEED_OSS ||
+         hp->arch == MODEL_ARCH_HUNYUAN_DENSE) &&
         model_require(m->g, arch, "attention.layer_norm_rms_epsilon", err) < 0)
         return -1;
     /* SmolLM3's NoPE layers: HF's no_rope_layers default (no_rope_layer_interval 4), which
@@ -829,7 +859,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         model_read_mistral3(m->g, arch, hp, err) < 0 ||
         model_read_exaone4(m->g, arch, hp, err) < 0 || model_read_glm4(m->g, arch, hp, err) < 0 ||
         model_read_cohere(m->g, arch, hp, err) < 0 ||
-        model_read_starcoder2_phi2(m->g, arch, hp, err) < 0)
+        model_read_starcoder2_phi2(m->g, arch, hp, err) < 0 ||
+        model_read_hunyuan(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -1196,7 +1227,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
     bool qwen2 = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_QWEN2MOE || gptoss;
     bool qk_norm = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
-                   hp->arch == MODEL_ARCH_GEMMA3 || hp->arch == MODEL_ARCH_EXAONE4;
+                   hp->arch == MODEL_ARCH_GEMMA3 || hp->arch == MODEL_ARCH_EXAONE4 ||
+                   hp->arch == MODEL_ARCH_HUNYUAN_DENSE;
     bool fused = hp->arch == MODEL_ARCH_PHI3;
     bool starcoder2 = hp->arch == MODEL_ARCH_STARCODER2;
     bool gated = hp->ffn_act != MODEL_FFN_GELU_TANH_UNGATED;
@@ -2094,6 +2126,17 @@ static void model_norm_job(void *p, int ith, int nth)
                        s->norm_b);
 }
 
+/* qwen3's per-head RMSNorms of q and k. */
+static void model_qk_head_norms(const model_hparams *hp, const model_qkv_extras *x, float *q,
+                                float *k)
+{
+    int hd = hp->head_dim;
+    for (int h = 0; h < hp->n_head; h++)
+        ops_rmsnorm(q + h * hd, q + h * hd, x->q_norm, hd, hp->norm_eps);
+    for (int h = 0; h < hp->n_head_kv; h++)
+        ops_rmsnorm(k + h * hd, k + h * hd, x->k_norm, hd, hp->norm_eps);
+}
+
 void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const float *cs,
                       int32_t pos, float *q, float *k, float *v)
 {
@@ -2109,12 +2152,8 @@ void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const 
         ops_rmsnorm(q, q, x->q_norm_all, q_dim, hp->norm_eps);
         ops_rmsnorm(k, k, x->k_norm_all, kv_dim, hp->norm_eps);
     }
-    if (x->q_norm) {
-        for (int h = 0; h < hp->n_head; h++)
-            ops_rmsnorm(q + h * hd, q + h * hd, x->q_norm, hd, hp->norm_eps);
-        for (int h = 0; h < hp->n_head_kv; h++)
-            ops_rmsnorm(k + h * hd, k + h * hd, x->k_norm, hd, hp->norm_eps);
-    }
+    if (x->q_norm && !hp->qk_norm_after_rope)
+        model_qk_head_norms(hp, x, q, k);
     if (x->q_norm_heads) {
         for (int h = 0; h < hp->n_head; h++)
             ops_layernorm(q + h * hd, q + h * hd, x->q_norm_heads + h * hd, NULL, hd,
@@ -2126,10 +2165,12 @@ void model_qkv_finish(const model_hparams *hp, const model_qkv_extras *x, const 
     if (hp->attn_temp_scale != 0.0f)
         ops_scale(q, 1.0f + hp->attn_temp_scale * logf(1.0f + (float)(pos / hp->attn_temp_floor)),
                   (size_t)q_dim);
-    if (!cs)
-        return;
-    ops_rope(q, hp->n_head, hd, hp->rope_dims, cs, style);
-    ops_rope(k, hp->n_head_kv, hd, hp->rope_dims, cs, style);
+    if (cs) {
+        ops_rope(q, hp->n_head, hd, hp->rope_dims, cs, style);
+        ops_rope(k, hp->n_head_kv, hd, hp->rope_dims, cs, style);
+    }
+    if (x->q_norm && hp->qk_norm_after_rope)
+        model_qk_head_norms(hp, x, q, k);
 }
 
 /* q/k/v finishing, then K/V of each row into its chunk slot. */

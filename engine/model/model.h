@@ -45,7 +45,9 @@
  * embedding and multiplied by logit_scale; cohere2 slides three layers of four
  * (attention.sliding_window_pattern), the fourth attending globally without RoPE;
  * ByteDance's "seed_oss" (Seed-OSS-36B): llama's layer with NEOX RoPE, q/k/v biases and
- * the feed-forward's norm named after HF's post_attention_layernorm. The language models of vision conversions load as their text architecture under their own
+ * the feed-forward's norm named after HF's post_attention_layernorm; Tencent's
+ * "hunyuan-dense" (Hunyuan 0.5B-7B, Hunyuan-MT-7B): qwen3's layer with its q/k norms
+ * after RoPE, whose base the NTK-aware rope.scaling.alpha raises. The language models of vision conversions load as their text architecture under their own
  * key prefix (model_arch_from_name): "qwen2vl" (Qwen2-VL, Qwen2.5-VL) as qwen2, "qwen3vl"
  * and "qwen3vlmoe" (Qwen3-VL) as qwen3 and qwen3moe, text only; "internlm2" (InternLM2,
  * 2.5), "ernie4_5" (ERNIE 4.5 0.3B) and "xverse" as llama. Every architecture takes q/k/v
@@ -96,6 +98,7 @@ enum model_arch {
     MODEL_ARCH_STARCODER2,
     MODEL_ARCH_PHI2,
     MODEL_ARCH_SEED_OSS,
+    MODEL_ARCH_HUNYUAN_DENSE,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -207,6 +210,7 @@ typedef struct model_hparams {
     bool parallel;       /* command-r, cohere2, phi2: the feed-forward reads attn_norm's
                             output as attention does (no ffn_norm), both outputs added to
                             the residual stream of the layer's input */
+    bool qk_norm_after_rope; /* hunyuan-dense: the per-head q/k norms of rotated q and k */
 } model_hparams;
 
 /* The sliding window of layer l: hp->swa_window for a sliding layer, 0 (the whole
@@ -236,7 +240,8 @@ typedef struct model_qkv_extras {
 } model_qkv_extras;
 
 /* Finishes one token's q (n_head, head_dim), k and v (n_head_kv, head_dim) at position
- * pos: biases, per-head norms of q and k, then RoPE of q and k by cs, the (cos, sin) pairs
+ * pos: biases, per-head norms of q and k (after RoPE where qk_norm_after_rope), then RoPE
+ * of q and k by cs, the (cos, sin) pairs
  * of the token's position (ops_rope_angles), or none when cs is NULL (a layer that does
  * not rotate, model_layer_rotates), and the attention temperature of q. Shared by every
  * forward pass over these layers. */

@@ -46,9 +46,19 @@ static const char *const family_names[] = {
     [CHAT_GLM_Z1] = "glm-z1",
     [CHAT_COMMAND_R] = "command-r",
     [CHAT_SEED_OSS] = "seed_oss",
+    [CHAT_HUNYUAN_DENSE] = "hunyuan-dense",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
+
+/* Hunyuan's markers (fullwidth bars, '▁' for spaces; split where a hex escape would
+ * swallow the letter after it) */
+#define HY_USER "<\xef\xbd\x9c" "hy_User\xef\xbd\x9c>"
+#define HY_ASSISTANT "<\xef\xbd\x9c" "hy_Assistant\xef\xbd\x9c>"
+#define HY_PLACE_HOLDER(d) \
+    "<\xef\xbd\x9c" "hy_place\xe2\x96\x81" "holder\xe2\x96\x81" "no\xe2\x96\x81" d "\xef\xbd\x9c>"
+#define HY_SYSTEM_END HY_PLACE_HOLDER("3")
+#define HY_TURN_END HY_PLACE_HOLDER("2")
 _Static_assert(N_FAMILIES == CHAT_N_FAMILIES, "a family without a name");
 
 /* chat_detect of the string under key (CHAT_PLAIN without one). */
@@ -212,6 +222,10 @@ enum chat_family chat_detect(const char *t)
         return CHAT_EXAONE3;
     if (strstr(t, "<seed:bos>"))
         return CHAT_SEED_OSS;
+    /* HunyuanOCR's template has the assistant marker too, with its own sentence start */
+    if (strstr(t, HY_ASSISTANT) && strstr(t, HY_SYSTEM_END) &&
+        !strstr(t, "<\xef\xbd\x9c" "hy_begin\xe2\x96\x81of\xe2\x96\x81sentence\xef\xbd\x9c>"))
+        return CHAT_HUNYUAN_DENSE;
     return CHAT_PLAIN;
 }
 
@@ -255,6 +269,8 @@ const char *chat_stop_text(enum chat_family f)
         return "<|END_OF_TURN_TOKEN|>";
     case CHAT_SEED_OSS:
         return "<seed:eos>";
+    case CHAT_HUNYUAN_DENSE:
+        return HY_TURN_END;
     case CHAT_PLAIN:
         return "\nUser:";
     default:
@@ -629,6 +645,27 @@ static void apply_seed_oss(textwriter *w, const struct chat_message *msgs, int n
         textwriter_put(w, "<seed:bos>assistant\n");
 }
 
+/* Hunyuan's dense models' turns, as llama.cpp's LLM_CHAT_TEMPLATE_HUNYUAN_DENSE writes
+ * them (chat.h). */
+static void apply_hunyuan_dense(textwriter *w, const struct chat_message *msgs, int n)
+{
+    for (int i = 0; i < n; i++) {
+        enum role r = role_of(&msgs[i]);
+        if (r == ROLE_SYSTEM && i == 0) {
+            textwriter_put(w, msgs[i].content);
+            textwriter_put(w, HY_SYSTEM_END);
+        } else if (r == ROLE_ASSISTANT) {
+            textwriter_put(w, HY_ASSISTANT);
+            textwriter_put(w, msgs[i].content);
+            textwriter_put(w, HY_TURN_END);
+        } else if (r == ROLE_USER) {
+            textwriter_put(w, HY_USER);
+            textwriter_put(w, msgs[i].content);
+            textwriter_put(w, HY_ASSISTANT);
+        }
+    }
+}
+
 /* SmolLM3's custom instructions for its "/think" mode when the system message gives none
  * (its template's text). */
 static const char smollm3_think_default[] =
@@ -786,6 +823,9 @@ int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
         break;
     case CHAT_SEED_OSS:
         apply_seed_oss(&w, msgs, n, add_generation_prompt);
+        break;
+    case CHAT_HUNYUAN_DENSE:
+        apply_hunyuan_dense(&w, msgs, n);
         break;
     case CHAT_SMOLLM3:
         if (apply_smollm3(&w, msgs, n, add_generation_prompt, enable_thinking) < 0)

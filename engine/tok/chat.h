@@ -138,10 +138,17 @@ enum chat_family {
      * template's default system message of the thinking budget is not written, nor is
      * the reply's "<seed:think>" block told from its answer */
     CHAT_SEED_OSS,
+    /* Hunyuan's dense models, as llama.cpp's hunyuan-dense format writes them: a first
+     * system message followed by "<｜hy_place▁holder▁no▁3｜>" (a later one dropped), a user
+     * turn "<｜hy_User｜>content<｜hy_Assistant｜>" (the generation prompt whatever the
+     * flag), an assistant turn "<｜hy_Assistant｜>content<｜hy_place▁holder▁no▁2｜>" (its
+     * marker written twice after a user turn, as llama.cpp writes it; Hunyuan's own
+     * template is not in the test data to compare) */
+    CHAT_HUNYUAN_DENSE,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_SEED_OSS + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_HUNYUAN_DENSE + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
@@ -182,7 +189,7 @@ const char *chat_family_name(enum chat_family f);
     "plain|chatml|hermes|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|"         \
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
     "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma|" \
-    "exaone3|smollm3|gpt-oss|chatglm4|glm-z1|command-r|seed_oss"
+    "exaone3|smollm3|gpt-oss|chatglm4|glm-z1|command-r|seed_oss|hunyuan-dense"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */

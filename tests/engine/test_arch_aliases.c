@@ -53,7 +53,8 @@ static const char *plain(int c)
     bool llama = CASES[c].arch == MODEL_ARCH_LLAMA;
     bool moe = CASES[c].arch == MODEL_ARCH_QWEN3MOE;
     modelgen_params p = {.arch = CASES[c].text_arch, .dim = 128, .n_layer = 2, .n_head = 4,
-                         .n_head_kv = llama ? 4 : 2, .head_dim = llama ? 32 : 64, .n_ff = 256, .n_ctx = 512,
+                         .n_head_kv = llama ? 4 : 2, .head_dim = llama ? 32 : 64,
+                         .n_ff = 256, .n_ctx = 512,
                          .type = QTYPE_F16, .seed = 5, .n_vocab = N_VOCAB, .n_threads = 1,
                          .n_expert = moe ? 4 : 0, .n_expert_used = moe ? 2 : 0};
     snprintf(path[c], sizeof path[c], "%s/%s-%d.gguf", test_tmpdir(), CASES[c].text_arch, c);

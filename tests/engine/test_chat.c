@@ -462,6 +462,12 @@ static void detects_more_llama_and_qwen_families(void)
          "message.content + '<seed:eos>' }}{%- endfor %}{%- if add_generation_prompt %}{{ "
          "'<seed:bos>assistant\\n' }}{%- endif %}",
          "seed_oss"},
+        /* Hunyuan's markers as llama.cpp detects them, and HunyuanOCR's, which is not */
+        {"{{ system }}<｜hy_place▁holder▁no▁3｜>{% for m in messages %}{% if m.role == 'user' "
+         "%}<｜hy_User｜>{{ m.content }}<｜hy_Assistant｜>{% endif %}{% endfor %}",
+         "hunyuan-dense"},
+        {"<｜hy_begin▁of▁sentence｜>{{ system }}<｜hy_place▁holder▁no▁3｜><｜hy_Assistant｜>",
+         "plain"},
     };
     for (size_t i = 0; i < sizeof D / sizeof D[0]; i++) {
         const char *got = chat_family_name(chat_detect(D[i].tmpl));
@@ -694,6 +700,13 @@ static const struct {
      "<seed:bos>assistant\nHi there<seed:eos><seed:bos>user\nWho are you<seed:eos>"
      "<seed:bos>assistant\nI am an assistant<seed:eos><seed:bos>user\nAnother "
      "question<seed:eos><seed:bos>assistant\n"},
+    /* llama.cpp's LLM_CHAT_TEMPLATE_HUNYUAN_DENSE (its llama_chat_apply_template's output
+     * for these messages) */
+    {CHAT_HUNYUAN_DENSE,
+     "You are a helpful assistant<｜hy_place▁holder▁no▁3｜><｜hy_User｜>Hello<｜hy_Assistant｜>"
+     "<｜hy_Assistant｜>Hi there<｜hy_place▁holder▁no▁2｜><｜hy_User｜>Who are "
+     "you<｜hy_Assistant｜><｜hy_Assistant｜>   I am an assistant   "
+     "<｜hy_place▁holder▁no▁2｜><｜hy_User｜>Another question<｜hy_Assistant｜>"},
 };
 
 static void formats_match_llama_cpp(void)
@@ -936,6 +949,7 @@ static void stop_texts_per_family(void)
     CHECK(strcmp(chat_stop_text(CHAT_SMOLLM3), "<|im_end|>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_COMMAND_R), "<|END_OF_TURN_TOKEN|>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_SEED_OSS), "<seed:eos>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_HUNYUAN_DENSE), "<｜hy_place▁holder▁no▁2｜>") == 0);
     CHECK_EQ(chat_thinking(CHAT_COMMAND_R), CHAT_THINK_NONE);
     CHECK_EQ(chat_thinking(CHAT_GEMMA), CHAT_THINK_NONE);
     CHECK_EQ(chat_thinking(CHAT_EXAONE3), CHAT_THINK_NONE);

@@ -2,7 +2,7 @@
  * llmsd serves a file of each of the smaller architectures (olmo2, granitemoe with a
  * shared expert, smollm3, exaone, stablelm, mistral3, exaone4 with the 32B's hybrid
  * attention, glm4, chatglm, command-r, cohere2 with a window of 8, starcoder2, phi2,
- * seed_oss, and
+ * seed_oss, hunyuan-dense, and
  * a qwen3 file renamed qwen3vl as Qwen3-VL's language model): a random-weight model of each (modelgen, 4 layers, F32) on the test data's llama SPM
  * vocabulary; the daemon reports the architecture and
  * llama.cpp's /completion on token ids answers with the ids, log-probabilities and
@@ -235,6 +235,11 @@ static void serves_seed_oss(void)
     serves(p);
 }
 
+static void serves_hunyuan_dense(void)
+{
+    serves(small("hunyuan-dense"));
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -258,5 +263,6 @@ int main(int argc, char **argv)
     RUN(serves_qwen3vl);
     RUN(serves_phi2);
     RUN(serves_seed_oss);
+    RUN(serves_hunyuan_dense);
     return test_finish();
 }

@@ -172,6 +172,7 @@ struct ref_model {
     double rope_factor;         /* gemma3's global layers: positions / factor */
     bool gptoss;
     bool seed_oss; /* the feed-forward's norm is post_attention_norm, as gpt-oss's */
+    bool qk_norm_late; /* HunYuanDenseV1Attention: query/key_layernorm after the rotary */
     double *yarn_inv_freq;       /* gpt-oss, mistral3: (rotary_dim / 2) YaRN's, or NULL */
     double temp_beta;            /* mistral3: Llama 4's query scaling, 0: none */
     int temp_floor;              /* its positions per step */
@@ -346,7 +347,7 @@ ref_model *ref_model_load(const gguf_file *g)
                                         "granitemoe", "smollm3", "exaone", "stablelm",
                                         "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
                                         "command-r", "cohere2", "starcoder2", "phi2",
-                                        "seed_oss"};
+                                        "seed_oss", "hunyuan-dense"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -383,6 +384,9 @@ ref_model *ref_model_load(const gguf_file *g)
     /* SmolLM3Config's no_rope_layers default: use_rope = (layer_idx + 1) % 4 != 0 */
     m->no_rope_interval = !strcmp(arch, "smollm3") ? 4 : 0;
     m->layer_norm = !strcmp(arch, "stablelm") || cohere || m->ungated;
+    /* Hunyuan's layer is qwen3's, its q/k norms after the rotary; HunYuanDenseV1's
+     * rotary base rope_theta * alpha^(d / (d - 2)) */
+    m->qk_norm_late = !strcmp(arch, "hunyuan-dense");
     m->parallel = cohere || phi2;
     m->qk_norm_whole = olmoe || !strcmp(arch, "olmo2");
     m->dim = ref_u32(g, arch, "embedding_length", 0);
@@ -403,6 +407,9 @@ ref_model *ref_model_load(const gguf_file *g)
         return NULL;
     }
     m->rope_base = ref_f32(g, arch, "rope.freq_base", 10000.0);
+    double alpha = m->qk_norm_late ? ref_f32(g, arch, "rope.scaling.alpha", 0.0) : 0.0;
+    if (alpha > 0)
+        m->rope_base *= pow(alpha, (double)m->head_dim / (m->head_dim - 2));
     m->eps = m->layer_norm ? ref_f32(g, arch, "attention.layer_norm_epsilon", 1e-5)
                            : ref_f32(g, arch, "attention.layer_norm_rms_epsilon",
                                      m->arch ? 1e-6 : 1e-5);
@@ -686,6 +693,16 @@ static bool ref_sliding(const ref_model *m, int l)
  * attention_factor. llama and granite GGUF files hold q/k permuted by the converter, so
  * that HF's halves are interleaved pairs there; GLM-4's rotate_half pairs neighbours in
  * HF's own code. */
+/* Qwen3RMSNorm of each head of one row's q (n_head, head_dim) and k (n_kv_head, head_dim). */
+static void ref_head_norms(const ref_model *m, const ref_layer *L, double *q, double *k)
+{
+    int hd = m->head_dim;
+    for (int h = 0; h < m->n_head; h++)
+        ref_rmsnorm(q + h * hd, q + h * hd, L->q_norm, hd, m->eps);
+    for (int h = 0; h < m->n_kv_head; h++)
+        ref_rmsnorm(k + h * hd, k + h * hd, L->k_norm, hd, m->eps);
+}
+
 static void ref_rope(const ref_model *m, int l, double *x, int n_heads, int pos)
 {
     int hd = m->head_dim, rd = m->rotary_dim;
@@ -879,11 +896,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 double *qt = q + (size_t)t * qd, *kt = k + (size_t)t * kvd;
                 ref_rmsnorm(qt, qt, L->q_norm, qd, m->eps);
                 ref_rmsnorm(kt, kt, L->k_norm, kvd, m->eps);
-            } else if (L->q_norm) {
-                for (int h = 0; h < m->n_head; h++)
-                    ref_rmsnorm(q + (size_t)t * qd + h * hd, q + (size_t)t * qd + h * hd, L->q_norm, hd, m->eps);
-                for (int h = 0; h < m->n_kv_head; h++)
-                    ref_rmsnorm(k + (size_t)t * kvd + h * hd, k + (size_t)t * kvd + h * hd, L->k_norm, hd, m->eps);
+            } else if (L->q_norm && !m->qk_norm_late) {
+                ref_head_norms(m, L, q + (size_t)t * qd, k + (size_t)t * kvd);
             }
             /* Exaone4Attention rotates where the model has no window or the layer slides */
             bool exaone4_global = m->slides && !ref_sliding(m, l);
@@ -891,6 +905,8 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
                 ref_rope(m, l, q + (size_t)t * qd, m->n_head, positions[t]);
                 ref_rope(m, l, k + (size_t)t * kvd, m->n_kv_head, positions[t]);
             }
+            if (L->q_norm && m->qk_norm_late)
+                ref_head_norms(m, L, q + (size_t)t * qd, k + (size_t)t * kvd);
             for (int i = 0; m->temp_beta != 0 && i < qd; i++)
                 q[(size_t)t * qd + i] *= 1 + m->temp_beta * log(1 + floor((double)positions[t] /
                                                                           m->temp_floor));
