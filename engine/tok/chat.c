@@ -47,6 +47,7 @@ static const char *const family_names[] = {
     [CHAT_COMMAND_R] = "command-r",
     [CHAT_SEED_OSS] = "seed_oss",
     [CHAT_HUNYUAN_DENSE] = "hunyuan-dense",
+    [CHAT_CHATGLM3] = "chatglm3",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
@@ -193,6 +194,8 @@ enum chat_family chat_detect(const char *t)
         return strstr(t, "<|assistant|>\n<think>") || strstr(t, "<|assistant|>\\n<think>")
                    ? CHAT_GLM_Z1
                    : CHAT_CHATGLM4;
+    if (strstr(t, "[gMASK]sop"))
+        return CHAT_CHATGLM3;
     const char *user = strstr(t, "<|user|>");
     enum chat_family f = user ? detect_user_tag(t, user) : CHAT_PLAIN;
     if (f != CHAT_PLAIN)
@@ -264,6 +267,7 @@ const char *chat_stop_text(enum chat_family f)
         return "<|return|>";
     case CHAT_CHATGLM4:
     case CHAT_GLM_Z1:
+    case CHAT_CHATGLM3:
         return "<|user|>";
     case CHAT_COMMAND_R:
         return "<|END_OF_TURN_TOKEN|>";
@@ -613,6 +617,20 @@ static void apply_glm4(textwriter *w, enum chat_family f, const struct chat_mess
         textwriter_put(w, z1 ? "<|assistant|>\n<think>" : "<|assistant|>\n");
 }
 
+/* ChatGLM3's turns, as llama.cpp's LLM_CHAT_TEMPLATE_CHATGLM_3 writes them. */
+static void apply_chatglm3(textwriter *w, const struct chat_message *msgs, int n, bool gen)
+{
+    textwriter_put(w, "[gMASK]sop");
+    for (int i = 0; i < n; i++) {
+        textwriter_put(w, "<|");
+        textwriter_put(w, msgs[i].role);
+        textwriter_put(w, "|>\n ");
+        textwriter_put(w, msgs[i].content);
+    }
+    if (gen)
+        textwriter_put(w, "<|assistant|>");
+}
+
 /* Cohere's turns, as llama.cpp's LLM_CHAT_TEMPLATE_COMMAND_R writes them. */
 static void apply_command_r(textwriter *w, const struct chat_message *msgs, int n, bool gen)
 {
@@ -826,6 +844,9 @@ int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
         break;
     case CHAT_HUNYUAN_DENSE:
         apply_hunyuan_dense(&w, msgs, n);
+        break;
+    case CHAT_CHATGLM3:
+        apply_chatglm3(&w, msgs, n, add_generation_prompt);
         break;
     case CHAT_SMOLLM3:
         if (apply_smollm3(&w, msgs, n, add_generation_prompt, enable_thinking) < 0)

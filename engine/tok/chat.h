@@ -145,10 +145,14 @@ enum chat_family {
      * marker written twice after a user turn, as llama.cpp writes it; Hunyuan's own
      * template is not in the test data to compare) */
     CHAT_HUNYUAN_DENSE,
+    /* "[gMASK]sop<|role|>\n content" (ChatGLM3-6B: a space after each line break), the
+     * generation prompt "<|assistant|>", as llama.cpp's chatglm3 format; a reply ends at
+     * the next turn's "<|user|>" */
+    CHAT_CHATGLM3,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_HUNYUAN_DENSE + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_CHATGLM3 + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
@@ -189,7 +193,7 @@ const char *chat_family_name(enum chat_family f);
     "plain|chatml|hermes|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|"         \
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
     "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma|" \
-    "exaone3|smollm3|gpt-oss|chatglm4|glm-z1|command-r|seed_oss|hunyuan-dense"
+    "exaone3|smollm3|gpt-oss|chatglm4|glm-z1|command-r|seed_oss|hunyuan-dense|chatglm3"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */

@@ -468,6 +468,12 @@ static void detects_more_llama_and_qwen_families(void)
          "hunyuan-dense"},
         {"<｜hy_begin▁of▁sentence｜>{{ system }}<｜hy_place▁holder▁no▁3｜><｜hy_Assistant｜>",
          "plain"},
+        /* THUDM/chatglm3-6b's prompt opening, as llama.cpp detects it */
+        {"{% for message in messages %}{% if loop.first %}[gMASK]sop<|{{ message['role'] "
+         "}}|>\\n {{ message['content'] }}{% else %}<|{{ message['role'] }}|>\\n {{ "
+         "message['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt "
+         "%}<|assistant|>{% endif %}",
+         "chatglm3"},
     };
     for (size_t i = 0; i < sizeof D / sizeof D[0]; i++) {
         const char *got = chat_family_name(chat_detect(D[i].tmpl));
@@ -707,6 +713,11 @@ static const struct {
      "<｜hy_Assistant｜>Hi there<｜hy_place▁holder▁no▁2｜><｜hy_User｜>Who are "
      "you<｜hy_Assistant｜><｜hy_Assistant｜>   I am an assistant   "
      "<｜hy_place▁holder▁no▁2｜><｜hy_User｜>Another question<｜hy_Assistant｜>"},
+    /* llama.cpp's LLM_CHAT_TEMPLATE_CHATGLM_3 (its llama_chat_apply_template's output) */
+    {CHAT_CHATGLM3,
+     "[gMASK]sop<|system|>\n You are a helpful assistant<|user|>\n Hello<|assistant|>\n Hi "
+     "there<|user|>\n Who are you<|assistant|>\n    I am an assistant   <|user|>\n Another "
+     "question<|assistant|>"},
 };
 
 static void formats_match_llama_cpp(void)
@@ -950,6 +961,7 @@ static void stop_texts_per_family(void)
     CHECK(strcmp(chat_stop_text(CHAT_COMMAND_R), "<|END_OF_TURN_TOKEN|>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_SEED_OSS), "<seed:eos>") == 0);
     CHECK(strcmp(chat_stop_text(CHAT_HUNYUAN_DENSE), "<｜hy_place▁holder▁no▁2｜>") == 0);
+    CHECK(strcmp(chat_stop_text(CHAT_CHATGLM3), "<|user|>") == 0);
     CHECK_EQ(chat_thinking(CHAT_COMMAND_R), CHAT_THINK_NONE);
     CHECK_EQ(chat_thinking(CHAT_GEMMA), CHAT_THINK_NONE);
     CHECK_EQ(chat_thinking(CHAT_EXAONE3), CHAT_THINK_NONE);
