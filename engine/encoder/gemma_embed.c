@@ -127,7 +127,8 @@ static int ge_read_hparams(gemma_embed *m, char err[ERR_MAX])
         model_get_dim(g, GE_ARCH, "attention.head_count", -1, &hp->n_head, err) < 0 ||
         model_get_dim(g, GE_ARCH, "attention.head_count_kv", hp->n_head, &m->n_head_kv, err) < 0 ||
         model_get_dim(g, GE_ARCH, "context_length", -1, &hp->n_pos, err) < 0 ||
-        model_get_dim(g, GE_ARCH, "attention.key_length", 256, &key_len, err) < 0 ||
+        model_get_dim(g, GE_ARCH, "attention.key_length", hp->dim / hp->n_head, &key_len,
+                      err) < 0 ||
         model_get_dim(g, GE_ARCH, "attention.value_length", key_len, &val_len, err) < 0 ||
         model_get_dim(g, GE_ARCH, "rope.dimension_count", key_len, &rot, err) < 0 ||
         model_get_dim(g, GE_ARCH, "attention.sliding_window", -1, &window, err) < 0 ||
@@ -141,7 +142,7 @@ static int ge_read_hparams(gemma_embed *m, char err[ERR_MAX])
     if (hp->n_head % m->n_head_kv)
         return err_set(err, GE_ARCH ": head_count %d is not a multiple of head_count_kv %d",
                        hp->n_head, m->n_head_kv);
-    if (val_len != key_len || rot != key_len || key_len % 2)
+    if (key_len < 2 || val_len != key_len || rot != key_len || key_len % 2)
         return err_set(err, GE_ARCH ": key_length %d, value_length %d and rope.dimension_count "
                             "%d must be one even head dimension", key_len, val_len, rot);
     gguf_str s;

@@ -5,7 +5,8 @@
  * sliding window shorter than the texts and the dense layers: the embeddings; each part of
  * the architecture (q/k norms, post norms, the sliding mask, the dense layers, the
  * embedding scale) left out of the reference moves it far past the tolerance; texts in a
- * batch embed as they do alone; files without a tensor or key are refused by name.
+ * batch embed as they do alone; files without a tensor or key are refused by name; the
+ * sliding_window_pattern key is followed.
  */
 #include <math.h>
 #include <stdio.h>
@@ -284,6 +285,26 @@ static void test_missing_refused(void)
     CHECK(diff_from_ref(srcp, out, &no_dense) <= 2e-6);
 }
 
+/* attention.sliding_window_pattern (llama.cpp's 6 when absent) picks the global layers:
+ * with a period of 2 the engine follows the reference, which the file without the key is
+ * far from. */
+static void test_pattern_key(void)
+{
+    const char *src = gen("pattern", QTYPE_F32, 1);
+    CHECK(src);
+    char srcp[512], dst[512], err[ERR_MAX];
+    snprintf(srcp, sizeof srcp, "%s", src);
+    snprintf(dst, sizeof dst, "%s/gemma-embed-period2.gguf", test_tmpdir());
+    gguf_edit e = {.num_key = "gemma-embedding.attention.sliding_window_pattern",
+                   .num_value = 2};
+    CHECK_MSG(gguf_copy_edited(srcp, dst, &e, err) == 0, "%s", err);
+    float out[N_TEXT * DIM];
+    embed_all(dst, out);
+    double d = diff_from_ref(dst, out, NULL), d6 = diff_from_ref(srcp, out, NULL);
+    CHECK_MSG(d <= 2e-6 && d6 > 1e-2, "period 2: %g from its reference, %g from period 6's", d,
+              d6);
+}
+
 int main(void)
 {
     RUN(test_f32_matches_reference);
@@ -294,5 +315,6 @@ int main(void)
     RUN(test_batch_equals_alone);
     RUN(test_metadata_and_inputs);
     RUN(test_missing_refused);
+    RUN(test_pattern_key);
     return test_finish();
 }

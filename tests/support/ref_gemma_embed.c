@@ -78,7 +78,7 @@ ref_gemma_embed *ref_gemma_embed_load(const gguf_file *g)
     m->n_layer = rg_u32(g, "block_count", 0);
     m->n_head = rg_u32(g, "attention.head_count", 0);
     m->n_kv = rg_u32(g, "attention.head_count_kv", m->n_head);
-    m->hd = rg_u32(g, "attention.key_length", 256);
+    m->hd = m->n_head ? rg_u32(g, "attention.key_length", m->dim / m->n_head) : 0;
     m->n_ff = rg_u32(g, "feed_forward_length", 0);
     m->window = rg_u32(g, "attention.sliding_window", 0) / 2 + 1;
     m->pooling = rg_u32(g, "pooling_type", 0);
