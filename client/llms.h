@@ -533,7 +533,7 @@ typedef struct llms_model_info {
                                glm4, chatglm, command-r, cohere2, starcoder2, phi2, seed_oss,
                                hunyuan-dense, gpt-oss,
                                internlm2, ernie4_5, xverse, qwen2vl, qwen3vl, qwen3vlmoe
-                               (their text models), bert, nomic-bert */
+                               (their text models), bert, nomic-bert, gemma-embedding */
     char *type;             /* "decoder", "encoder" or "cross-encoder" */
     uint64_t file_bytes;
     char *roles;            /* "generate,embed,rerank,draft" or a part of it */

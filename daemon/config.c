@@ -319,7 +319,8 @@ static const key_def keys[] = {
     OPT(embed_model,
         "shorthand for a registry model with the embed role, named after its file, the "
         "default for Embed and new knowledge bases: a bert encoder GGUF (bge, MiniLM, e5, "
-        "gte), a nomic-bert one (nomic-embed-text v1/v1.5) or a decoder embedding model "
+        "gte), a nomic-bert one (nomic-embed-text v1/v1.5), a gemma-embedding one "
+        "(EmbeddingGemma) or a decoder embedding model "
         "(Qwen3-Embedding, gte-Qwen2; pooled as its `{arch}.pooling_type` says), e.g. "
         "/var/lib/llmsd/bge-small-en-v1.5-f16.gguf; opened and mapped at start (a file that "
         "cannot embed stops the daemon with a message); `none`: the `model` embeds"),

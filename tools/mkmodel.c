@@ -5,7 +5,7 @@
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
  *                  |olmo2|granitemoe|smollm3|exaone|stablelm|mistral3|exaone4|glm4|chatglm
  *                  |command-r|cohere2|starcoder2|phi2|seed_oss|hunyuan-dense|gpt-oss|bert
- *                  |nomic-bert
+ *                  |nomic-bert|gemma-embedding
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]
  *            [--expert-type mxfp4|type]]
@@ -27,6 +27,8 @@
  *           [--attn-softcap C] [--final-softcap C]   (gemma2; default 50 and 30)
  *           [--rope-linear F]      (rope.scaling.type linear with factor F: gemma3 4B+
  *                                   have 8, applied to the global layers)
+ *           [--dense N]   (gemma-embedding: dense_2 and dense_3 through N features, as
+ *                          EmbeddingGemma's 3072; default none)
  *   mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)
  *           [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...
  *   mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A] [--type f32|f16|bf16|q8_0]
@@ -100,7 +102,7 @@ static void usage(FILE *out)
             "                      gemma|gemma2|gemma3|olmo2|granitemoe|smollm3|exaone|\n"
             "                      stablelm|mistral3|exaone4|glm4|chatglm|command-r|cohere2|\n"
             "                      starcoder2|phi2|seed_oss|hunyuan-dense|gpt-oss|bert|\n"
-            "                      nomic-bert\n"
+            "                      nomic-bert|gemma-embedding\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]\n"
             "                [--expert-type mxfp4|type]]\n"
@@ -115,9 +117,9 @@ static void usage(FILE *out)
             "                      |iq4_nl_mix|iq4_xs_mix\n"
             "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
             "               [--pooling mean|cls|last|rank]  (pooling_type; encoders: default\n"
-            "               cls for bert, mean for nomic-bert; rank, bert only, writes the\n"
-            "               cross-encoder head; decoders: written only when given, as an\n"
-            "               embedding model's)\n"
+            "               cls for bert, mean for nomic-bert and gemma-embedding; rank,\n"
+            "               bert only, writes the cross-encoder head; decoders: written\n"
+            "               only when given, as an embedding model's)\n"
             "               [--rope-dims N]  (decoders: rotate N of each head's dimensions;\n"
             "               stablelm's default is a quarter of them, glm4's and\n"
             "               chatglm's half)\n"
@@ -130,6 +132,8 @@ static void usage(FILE *out)
             "               global)\n"
             "               [--attn-softcap C] [--final-softcap C]  (gemma2; default 50, 30)\n"
             "               [--rope-linear F]  (linear rope scaling; gemma3: global layers)\n"
+            "               [--dense N]  (gemma-embedding: dense_2 and dense_3 through N\n"
+            "               features; default none; gemma-embedding's window defaults to 512)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)\n"
             "               [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...\n"
             "       mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A]\n"
@@ -303,6 +307,8 @@ int main(int argc, char **argv)
             p.rope_orig_ctx = int_arg(a, v);
         else if (!strcmp(a, "--sliding-window"))
             p.sliding_window = int_arg(a, v);
+        else if (!strcmp(a, "--dense"))
+            p.n_dense = int_arg(a, v);
         else if (!strcmp(a, "--threads"))
             p.n_threads = int_arg(a, v);
         else if (!strcmp(a, "--seed")) {
@@ -356,9 +362,10 @@ int main(int argc, char **argv)
         bad_usage("--expert-type is the experts' (--experts)");
     p.mxfp4_experts = expert_type ? !strcmp(expert_type, "mxfp4")
                                   : p.arch && !strcmp(p.arch, "gpt-oss");
-    bool encoder = p.arch && (!strcmp(p.arch, "bert") || !strcmp(p.arch, "nomic-bert"));
+    bool encoder = p.arch && (!strcmp(p.arch, "bert") || !strcmp(p.arch, "nomic-bert") ||
+                              !strcmp(p.arch, "gemma-embedding"));
     if (!p.pooling_type && encoder)
-        p.pooling_type = !strcmp(p.arch, "nomic-bert") ? 1 : 2;
+        p.pooling_type = !strcmp(p.arch, "bert") ? 2 : 1;
     bool found = false;
     for (size_t i = 0; i < sizeof TYPES / sizeof TYPES[0]; i++)
         if (!strcasecmp(type, TYPES[i].name)) {

@@ -404,7 +404,8 @@ static int probe(models_entry *e, char err[ERR_MAX])
                               "mistral3, glm4, chatglm, command-r, cohere2, starcoder2, phi2, "
                               "seed_oss, hunyuan-dense, internlm2, ernie4_5, xverse, qwen2vl, "
                               "qwen3vl, "
-                              "qwen3vlmoe, gpt-oss, bert, nomic-bert)", e->path, e->arch);
+                              "qwen3vlmoe, gpt-oss, bert, nomic-bert, gemma-embedding)", e->path,
+                              e->arch);
     }
     if (rc == 0 && check_shapes(g, e->type, why) < 0)
         rc = err_set(err, "%s: %s", e->path, why);

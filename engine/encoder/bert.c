@@ -11,6 +11,7 @@
  * split over the pool between them.
  */
 #include "engine/encoder/bert.h"
+#include "engine/encoder/gemma_embed.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -48,6 +49,7 @@ struct bert_model {
     bert_hparams hp;
     gguf_file *owned;       /* the file when bert_load opened it */
     const gguf_file *g;
+    gemma_embed *ge;        /* gemma-embedding's model; the fields below are bert's */
     ops_matrix tok_embd;    /* (n_vocab, dim) */
     const float *pos_embd;  /* (n_pos, dim); NULL for nomic-bert */
     const float *type_embd; /* (n_types, dim) */
@@ -69,7 +71,8 @@ bool bert_is_encoder(const gguf_file *g)
 {
     gguf_str a;
     return gguf_get_str(g, "general.architecture", &a) &&
-           (gguf_str_eq(a, "bert") || gguf_str_eq(a, "nomic-bert"));
+           (gguf_str_eq(a, "bert") || gguf_str_eq(a, "nomic-bert") ||
+            gguf_str_eq(a, "gemma-embedding"));
 }
 
 static const char *bert_arch_name(enum bert_arch a)
@@ -382,6 +385,14 @@ bert_model *bert_from_gguf(const gguf_file *g, char err[ERR_MAX])
         return NULL;
     }
     m->g = g;
+    gguf_str a;
+    if (gguf_get_str(g, "general.architecture", &a) && gguf_str_eq(a, "gemma-embedding")) {
+        if (!(m->ge = gemma_embed_from_gguf(g, &m->hp, err))) {
+            bert_free(m);
+            return NULL;
+        }
+        return m;
+    }
     if (bert_read_hparams(m, err) < 0 || bert_load_tensors(m, err) < 0) {
         bert_free(m);
         return NULL;
@@ -408,6 +419,7 @@ void bert_free(bert_model *m)
     if (!m)
         return;
     gguf_close(m->owned);
+    gemma_embed_free(m->ge);
     free(m->layers);
     free(m->vecs);
     free(m);
@@ -429,6 +441,7 @@ struct bert_runner {
     const bert_model *m;
     tp_pool *pool;
     int max_rows;
+    gemma_embed_runner *ge; /* gemma-embedding's scratch (x is its rows; the rest unused) */
     char *mem;       /* one allocation holding every buffer below */
     size_t mem_bytes;
     float *x;        /* (max_rows, dim) bert_embed's rows */
@@ -471,6 +484,14 @@ bert_runner *bert_runner_new(const bert_model *m, int n_threads, int max_rows, c
         bert_runner_free(r);
         return NULL;
     }
+    if (m->ge) {
+        if (!(r->ge = gemma_embed_runner_new(m->ge, r->pool, max_rows, err))) {
+            bert_runner_free(r);
+            return NULL;
+        }
+        r->x = gemma_embed_runner_rows(r->ge);
+        return r;
+    }
     int nt = tp_n_threads(r->pool);
     bool nomic = hp->arch == BERT_ARCH_NOMIC;
     size_t R = (size_t)max_rows, D = (size_t)hp->dim;
@@ -512,6 +533,7 @@ void bert_runner_free(bert_runner *r)
 {
     if (!r)
         return;
+    gemma_embed_runner_free(r->ge);
     tp_free(r->pool);
     free(r->mem);
     free(r);
@@ -519,7 +541,7 @@ void bert_runner_free(bert_runner *r)
 
 size_t bert_runner_scratch_bytes(const bert_runner *r)
 {
-    return r->mem_bytes;
+    return r->ge ? gemma_embed_runner_scratch_bytes(r->ge) : r->mem_bytes;
 }
 
 int bert_runner_max_rows(const bert_runner *r)
@@ -534,6 +556,15 @@ int bert_input(const bert_model *m, int n_seq, const int *lens, const int32_t *t
     int dim = hp->dim;
     if (n_seq <= 0 || !lens || !tokens || !x)
         return err_set(err, "bert: no sequences");
+    if (m->ge) {
+        size_t rows = 0;
+        for (int s = 0; s < n_seq; s++)
+            rows += lens[s] > 0 ? (size_t)lens[s] : 0;
+        for (size_t i = 0; types && i < rows; i++)
+            if (types[i] != 0)
+                return err_set(err, "bert: token type %d out of range [0, 1)", types[i]);
+        return gemma_embed_input(m->ge, n_seq, lens, tokens, x, err);
+    }
     size_t row = 0;
     for (int s = 0; s < n_seq; s++) {
         if (lens[s] < 1 || lens[s] > hp->n_pos)
@@ -661,6 +692,8 @@ int bert_layer(bert_runner *r, int l, int n_seq, const int *lens, float *x, char
         return err_set(err, "bert: layer %d out of range [0, %d)", l, hp->n_layer);
     if (n_seq <= 0 || !lens || !x)
         return err_set(err, "bert: no sequences");
+    if (r->ge)
+        return gemma_embed_layer(r->ge, l, n_seq, lens, x, err);
     int n = 0;
     r->seq_start[0] = 0;
     for (int s = 0; s < n_seq; s++) {
@@ -721,10 +754,10 @@ int bert_head(bert_runner *r, int n, const float *cls_rows, float *out, char err
     return 0;
 }
 
-int bert_pool(const bert_model *m, const float *x, int len, enum bert_pooling how, float *out,
+int bert_pool(bert_runner *r, const float *x, int len, enum bert_pooling how, float *out,
               char err[ERR_MAX])
 {
-    int dim = m->hp.dim;
+    int dim = r->m->hp.dim;
     if (len < 1)
         return err_set(err, "bert: nothing to pool");
     switch (how) {
@@ -744,6 +777,8 @@ int bert_pool(const bert_model *m, const float *x, int len, enum bert_pooling ho
     default:
         return err_set(err, "bert: pooling %d does not give an embedding", (int)how);
     }
+    if (r->ge)
+        gemma_embed_dense(r->ge, out);
     double ss = 0;
     for (int i = 0; i < dim; i++)
         ss += (double)out[i] * out[i];
@@ -771,7 +806,7 @@ int bert_embed(bert_runner *r, int n_seq, const int *lens, const int32_t *tokens
             return -1;
     size_t row = 0;
     for (int s = 0; s < n_seq; s++) {
-        if (bert_pool(m, r->x + row * m->hp.dim, lens[s], how, out + (size_t)s * m->hp.dim,
+        if (bert_pool(r, r->x + row * m->hp.dim, lens[s], how, out + (size_t)s * m->hp.dim,
                       err) < 0)
             return -1;
         row += (size_t)lens[s];

@@ -16,6 +16,9 @@
  * FFN, down(silu(gate(x)) * up(x)), without biases. The q/k/v and attn_output biases are
  * optional (the nomic-embed files have none); it has no classification head.
  *
+ * gemma-embedding (EmbeddingGemma) is a Gemma 3 stack run bidirectionally, with dense
+ * layers after pooling; gemma_embed.h says how. bert.c dispatches every call below to it.
+ *
  * No KV cache: a text is encoded whole, from position 0. Work is layer by layer over
  * stacked sequences, so a reranker can score candidates after every layer and stop some
  * of them (GRATING's intermediate exits).
@@ -42,6 +45,7 @@ enum bert_pooling {
 enum bert_arch {
     BERT_ARCH_BERT,  /* "bert" */
     BERT_ARCH_NOMIC, /* "nomic-bert" */
+    BERT_ARCH_GEMMA_EMBED, /* "gemma-embedding" (gemma_embed.h) */
 };
 
 typedef struct bert_hparams {
@@ -50,22 +54,25 @@ typedef struct bert_hparams {
     int dim;
     int n_layer;
     int n_head;
-    int head_dim;
+    int head_dim;  /* gemma-embedding: attention.key_length (n_head * head_dim may differ
+                    * from dim) */
     int n_ff;
     int n_pos;     /* the longest sequence accepted: position_embd rows (bert),
                     * nomic-bert.context_length (nomic-bert) */
     int n_types;   /* token_types rows (segment A, B, ...); 1 when a nomic-bert has none */
     float norm_eps;
-    float rope_base; /* nomic-bert: RoPE base; 0 for bert */
-    enum bert_pooling pooling; /* as the file says; BERT_POOL_CLS when absent */
+    float rope_base; /* nomic-bert: RoPE base; gemma-embedding: its global layers'; 0 for
+                      * bert */
+    enum bert_pooling pooling; /* as the file says; when absent BERT_POOL_CLS
+                                * (gemma-embedding: BERT_POOL_NONE, as llama.cpp) */
     int n_cls_out; /* outputs of the classification head; 0 when the file has none (and for
                     * nomic-bert, whose head llama.cpp does not read) */
 } bert_hparams;
 
 typedef struct bert_model bert_model;
 
-/* Whether g is an encoder this module loads (general.architecture "bert" or
- * "nomic-bert"). */
+/* Whether g is an encoder this module loads (general.architecture "bert", "nomic-bert" or
+ * "gemma-embedding"). */
 bool bert_is_encoder(const gguf_file *g);
 
 /* Validates and takes the model from g (borrowed, must outlive it): hyper-parameters and
@@ -103,7 +110,8 @@ int bert_input(const bert_model *m, int n_seq, const int *lens, const int32_t *t
                const int32_t *types, float *x, char err[ERR_MAX]);
 
 /* Layer l over the stacked sequences' rows x (sum lens, dim), in place. The rows must
- * fit the runner's max_rows. -1 + err on bad arguments. */
+ * fit the runner's max_rows. -1 + err on bad arguments. gemma-embedding's last layer ends
+ * with its output norm. */
 int bert_layer(bert_runner *r, int l, int n_seq, const int *lens, float *x, char err[ERR_MAX]);
 
 /* Scores of the classification head for n [CLS] rows (n, dim) (the first row of each
@@ -111,8 +119,9 @@ int bert_layer(bert_runner *r, int l, int n_seq, const int *lens, float *x, char
 int bert_head(bert_runner *r, int n, const float *cls_rows, float *out, char err[ERR_MAX]);
 
 /* Pools a sequence's len rows x (len, dim) as `how` says (CLS: row 0, MEAN, LAST) into
- * out (dim) and L2-normalises it. -1 + err for another pooling. */
-int bert_pool(const bert_model *m, const float *x, int len, enum bert_pooling how, float *out,
+ * out (dim), through gemma-embedding's dense layers, and L2-normalises it. -1 + err for
+ * another pooling. */
+int bert_pool(bert_runner *r, const float *x, int len, enum bert_pooling how, float *out,
               char err[ERR_MAX]);
 
 /*

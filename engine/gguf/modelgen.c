@@ -316,6 +316,7 @@ static int modelgen_write_swa_pattern(gguf_writer *w, const char *key, int n_lay
 static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
     bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
+    bool gemma_embed = !strcmp(p->arch, "gemma-embedding");
     bool phi3 = !strcmp(p->arch, "phi3");
     bool olmoe = !strcmp(p->arch, "olmoe"), granitemoe = !strcmp(p->arch, "granitemoe");
     bool gptoss = !strcmp(p->arch, "gpt-oss");
@@ -324,8 +325,13 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     /* gemma's window is ignored (it has none), as its tests write one for the family */
     bool windowed = phi3 || gptoss || !strncmp(p->arch, "gemma", 5) ||
                     !strcmp(p->arch, "exaone4") || !strcmp(p->arch, "cohere2");
-    if (!modelgen_decoder_arch(p->arch, strlen(p->arch)) && !bert)
+    if (!modelgen_decoder_arch(p->arch, strlen(p->arch)) && !bert && !gemma_embed)
         return err_set(err, "unknown architecture '%s'", p->arch);
+    if (gemma_embed && (p->pooling_type < 1 || p->pooling_type > 3))
+        return err_set(err, "gemma-embedding pooling type %d is not 1 (mean), 2 (cls) or 3 "
+                            "(last)", p->pooling_type);
+    if (p->n_dense < 0 || (p->n_dense && !gemma_embed))
+        return err_set(err, "dense layers (n_dense) are gemma-embedding's");
     if (p->sliding_window < 0 || !(p->attn_softcap >= 0) || !(p->final_softcap >= 0) ||
         !(p->rope_linear >= 0))
         return err_set(err, "sliding window, soft-caps and rope factor must not be negative");
@@ -482,6 +488,74 @@ static int modelgen_write_bert(const modelgen_params *p, gguf_writer *w, int n_v
     return rc;
 }
 
+/* EmbeddingGemma as llama.cpp's converter writes it (names, metadata; see modelgen.h). */
+static int modelgen_write_gemma_embed(const modelgen_params *p, gguf_writer *w, int n_vocab,
+                                      const char *path, char err[ERR_MAX])
+{
+    int hd = p->head_dim ? p->head_dim : p->dim / p->n_head;
+    int64_t d = p->dim, ff = p->n_ff, q_dim = (int64_t)p->n_head * hd;
+    int64_t kv_dim = (int64_t)p->n_head_kv * hd;
+    char key[96];
+#define KEY(s) (snprintf(key, sizeof key, "gemma-embedding." s), key)
+    if (gguf_writer_set_str(w, "general.architecture", "gemma-embedding") < 0 ||
+        gguf_writer_set_str(w, "general.name", "random weights (mkmodel)") < 0 ||
+        gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)p->n_ctx) < 0 ||
+        gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)p->dim) < 0 ||
+        gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)p->n_layer) < 0 ||
+        gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)p->n_ff) < 0 ||
+        gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)p->n_head) < 0 ||
+        gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv) < 0 ||
+        gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)hd) < 0 ||
+        gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd) < 0 ||
+        gguf_writer_set_f32(w, KEY("rope.freq_base"), 1000000.0f) < 0 ||
+        gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-6f) < 0 ||
+        gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                            (uint32_t)(p->sliding_window ? p->sliding_window : 512)) < 0 ||
+        gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0 ||
+        (p->n_dense &&
+         (gguf_writer_set_u32(w, KEY("dense_2_feat_in"), (uint32_t)p->dim) < 0 ||
+          gguf_writer_set_u32(w, KEY("dense_2_feat_out"), (uint32_t)p->n_dense) < 0 ||
+          gguf_writer_set_u32(w, KEY("dense_3_feat_in"), (uint32_t)p->n_dense) < 0 ||
+          gguf_writer_set_u32(w, KEY("dense_3_feat_out"), (uint32_t)p->dim) < 0)))
+        return err_set(err, "cannot set metadata");
+#undef KEY
+    int n_t = 0;
+    /* token_embd, output_norm, two dense layers, 13 per layer */
+    modelgen_tensor *ts = calloc((size_t)(4 + p->n_layer * 13), sizeof *ts);
+    if (!ts)
+        return err_set(err, "out of memory");
+    float s_dim = 1.0f / sqrtf((float)d), s_ff = 1.0f / sqrtf((float)ff);
+    float s_q = 1.0f / sqrtf((float)q_dim);
+    modelgen_add(ts, &n_t, "token_embd.weight", 2, d, n_vocab, p->type, s_dim, 0.0f);
+    modelgen_add(ts, &n_t, "output_norm.weight", 1, d, 1, 0, 0.1f, 1.0f);
+    for (int l = 0; l < p->n_layer; l++) {
+        char nm[64];
+#define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
+        modelgen_add(ts, &n_t, N("attn_norm.weight"), 1, d, 1, 0, 0.1f, 1.0f);
+        modelgen_add(ts, &n_t, N("attn_q.weight"), 2, d, q_dim, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_k.weight"), 2, d, kv_dim, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_v.weight"), 2, d, kv_dim, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("attn_q_norm.weight"), 1, hd, 1, 0, 0.1f, 1.0f);
+        modelgen_add(ts, &n_t, N("attn_k_norm.weight"), 1, hd, 1, 0, 0.1f, 1.0f);
+        modelgen_add(ts, &n_t, N("attn_output.weight"), 2, q_dim, d, p->type, s_q, 0.0f);
+        modelgen_add(ts, &n_t, N("post_attention_norm.weight"), 1, d, 1, 0, 0.1f, 1.0f);
+        modelgen_add(ts, &n_t, N("ffn_norm.weight"), 1, d, 1, 0, 0.1f, 1.0f);
+        modelgen_add(ts, &n_t, N("ffn_gate.weight"), 2, d, ff, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("ffn_up.weight"), 2, d, ff, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("ffn_down.weight"), 2, ff, d, p->type, s_ff, 0.0f);
+        modelgen_add(ts, &n_t, N("post_ffw_norm.weight"), 1, d, 1, 0, 0.1f, 1.0f);
+#undef N
+    }
+    if (p->n_dense) {
+        modelgen_add(ts, &n_t, "dense_2.weight", 2, d, p->n_dense, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, "dense_3.weight", 2, p->n_dense, d, p->type,
+                     1.0f / sqrtf((float)p->n_dense), 0.0f);
+    }
+    int rc = modelgen_set_types(p, ts, n_t, err) < 0 ? -1 : modelgen_emit(p, w, ts, n_t, path, err);
+    free(ts);
+    return rc;
+}
+
 int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX])
 {
     if (modelgen_check(p, err) < 0)
@@ -565,6 +639,10 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
 
     if (!strcmp(p->arch, "bert") || !strcmp(p->arch, "nomic-bert")) {
         rc = modelgen_write_bert(p, w, n_vocab, path, err);
+        goto out;
+    }
+    if (!strcmp(p->arch, "gemma-embedding")) {
+        rc = modelgen_write_gemma_embed(p, w, n_vocab, path, err);
         goto out;
     }
 

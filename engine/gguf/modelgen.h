@@ -91,7 +91,13 @@ typedef struct modelgen_params {
      * alone (a LayerNorm without bias, no ffn_norm), no output.weight (tied),
      * attention.layer_norm_epsilon, logit_scale 2; command-r with 64 layers or more has
      * Command-R+'s per-head attn_q_norm / attn_k_norm (head_dim x heads, F32); cohere2 has
-     * attention.sliding_window (below, 4096 when 0, Command R7B's). */
+     * attention.sliding_window (below, 4096 when 0, Command R7B's). "gemma-embedding" as
+     * it writes EmbeddingGemma: gemma3's tensors and keys (norm weights near 1, no
+     * output.weight, rope.freq_base 1e6 and no rope.freq_base_swa), pooling_type (1 mean, 2
+     * cls or 3 last), attention.sliding_window (below, 512 when 0), no
+     * sliding_window_pattern (llama.cpp's 6), and with n_dense the sentence-transformers
+     * dense layers dense_2.weight (dim -> n_dense) and dense_3.weight (n_dense -> dim) with
+     * their dense_*_feat_* keys. */
     const char *arch;
     int dim;
     int n_layer;
@@ -131,6 +137,9 @@ typedef struct modelgen_params {
      * (an embedding model such as Qwen3-Embedding): written as given when not 0, unchecked,
      * so that a test can write a value llmsd must refuse. */
     int pooling_type;
+    /* gemma-embedding: the width between its two dense layers (EmbeddingGemma's 3072); 0
+     * writes none. */
+    int n_dense;
     /* {arch}.attention.sliding_window. phi3: 0 writes 0 (none, as Phi-4's files);
      * gemma2 / gemma3 / gpt-oss / cohere2: 0 writes the family's (4096 for gemma2, 1024
      * for gemma3, as Gemma 2 and Gemma 3 4B+ have it, 128 for gpt-oss, 4096 for cohere2);

@@ -3,7 +3,8 @@
  * LoRA adapters merged; mkmodel --lora-of: random adapters in llama.cpp's format;
  * mkmodel --arch phi3 / granite: their keys and tensors as llama.cpp reads them.
  * mkmodel --experts: mixtures of experts in llama.cpp's layout; --arch gpt-oss: its experts
- * in MXFP4 (or --type), its biases, sinks and keys.
+ * in MXFP4 (or --type), its biases, sinks and keys; --arch gemma-embedding: EmbeddingGemma
+ * with its dense layers.
  */
 #include <libgen.h>
 #include <math.h>
@@ -11,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/encoder/bert.h"
 #include "engine/gguf/gguf.h"
 #include "engine/gguf/modelgen.h"
 #include "engine/model/model.h"
@@ -625,6 +627,61 @@ static void small_arch_files(void)
     }
 }
 
+/* --arch gemma-embedding writes EmbeddingGemma as llama.cpp reads it: gemma3's tensors
+ * without output.weight, the window (512 by default), mean pooling by default, and with
+ * --dense the dense_2/dense_3 layers and their feature keys; the encoder loads it. --dense
+ * is gemma-embedding's, and rank pooling a bert's. */
+static void gemma_embedding_files(void)
+{
+    const char *vocab = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
+    if (!vocab) {
+        SKIP("no vocab/ggml-vocab-llama-spm.gguf in the test data");
+        return;
+    }
+    char out[1100], args[4096], err[1024], e[ERR_MAX];
+    const char *shape = "--dim 64 --layers 7 --heads 4 --kv-heads 2 --head-dim 32 --ffn 96 "
+                        "--ctx 256 --type f16";
+    snprintf(out, sizeof out, "%s/gemma-embedding.gguf", test_tmpdir());
+    snprintf(args, sizeof args, "-o '%s' --arch gemma-embedding %s --dense 128 --vocab '%s'",
+             out, shape, vocab);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    gguf_file *g = gguf_open(out, e);
+    CHECK_MSG(g, "%s", e);
+    uint32_t u;
+    static const struct {
+        const char *key;
+        uint32_t value;
+    } keys[] = {
+        {"gemma-embedding.attention.sliding_window", 512},
+        {"gemma-embedding.pooling_type", 1},
+        {"gemma-embedding.dense_2_feat_in", 64},
+        {"gemma-embedding.dense_2_feat_out", 128},
+        {"gemma-embedding.dense_3_feat_in", 128},
+        {"gemma-embedding.dense_3_feat_out", 64},
+        {"gemma-embedding.attention.key_length", 32},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++)
+        CHECK_MSG(gguf_get_u32(g, keys[i].key, &u) && u == keys[i].value, "%s", keys[i].key);
+    const gguf_tensor *d2 = gguf_find_tensor(g, "dense_2.weight");
+    const gguf_tensor *d3 = gguf_find_tensor(g, "dense_3.weight");
+    CHECK(d2 && d2->ne[0] == 64 && d2->ne[1] == 128 && d3 && d3->ne[0] == 128 && d3->ne[1] == 64);
+    CHECK(!gguf_find_tensor(g, "output.weight") &&
+          gguf_find_tensor(g, "blk.6.attn_q_norm.weight") &&
+          gguf_find_tensor(g, "blk.6.post_ffw_norm.weight"));
+    bert_model *m = bert_from_gguf(g, e);
+    CHECK_MSG(m, "%s", e);
+    bert_free(m);
+    gguf_close(g);
+    snprintf(args, sizeof args, "-o '%s' --arch gemma3 %s --dense 128 --vocab '%s'", out, shape,
+             vocab);
+    CHECK(mkmodel(args, err, sizeof err) != 0);
+    CHECK_MSG(strstr(err, "dense"), "%s", err);
+    snprintf(args, sizeof args, "-o '%s' --arch gemma-embedding %s --pooling rank --vocab '%s'",
+             out, shape, vocab);
+    CHECK(mkmodel(args, err, sizeof err) != 0);
+    CHECK_MSG(strstr(err, "pooling"), "%s", err);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -656,5 +713,6 @@ int main(int argc, char **argv)
     RUN(gemma_files);
     RUN(gptoss_files);
     RUN(small_arch_files);
+    RUN(gemma_embedding_files);
     return test_finish();
 }
