@@ -90,45 +90,18 @@ static void test_metadata(void)
 
 static void test_logits_vs_reference(void)
 {
-    const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_Q8_0};
-    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
-        modelgen_params p = hy_params(types[t]);
-        const char *path = gen(&p, "ref");
-        CHECK(path);
-        bool f16_rounds = types[t] == QTYPE_F16 && quant_f16_rounds_activation(p.dim);
-        bool exact = types[t] == QTYPE_F32 || (types[t] == QTYPE_F16 && !f16_rounds);
-        double tol = exact ? TOL_FLOAT : TOL_QUANT;
-        /* 512: the 40-row prefill takes sgemm attention; 8: dot kernels and per-row
-         * attention in sub-batches */
-        double d1 = model_check_file(path, 512, 2, &PLAN);
-        double d2 = model_check_file(path, 8, 1, &PLAN);
-        printf("  %s: max |logit diff| %.4g (sgemm) %.4g (per row)\n",
-               quant_traits_of(types[t])->name, d1, d2);
-        CHECK_MSG(d1 <= tol && d2 <= tol, "%s: %g %g > %g", quant_traits_of(types[t])->name,
-                  d1, d2, tol);
-    }
+    CHECK_EQ(model_check_types(hy_params(QTYPE_F32), "hunyuan", &PLAN, TOL_FLOAT, TOL_QUANT), 0);
 }
 
 /* K/V chunks kept in f16 or compressed to 8 and 4 bits, then decodes and a prefill over
- * them, against the reference with exact K/V (test_model's tolerances). */
+ * them, against the reference with exact K/V (the tolerances above). */
 static void test_compressed_chunks(void)
 {
-    char err[ERR_MAX];
+    static const double tol[3] = {TOL_FLOAT, TOL_KV_INT8, TOL_KV_INT4};
     modelgen_params p = hy_params(QTYPE_F32);
     const char *path = gen(&p, "kv");
     CHECK(path);
-    model *m = model_load(path, err);
-    CHECK_MSG(m, "%s", err);
-    ref_model *rm = ref_model_load(model_gguf(m));
-    CHECK(rm);
-    double e16 = model_check_compressed(m, rm, KV_F16), e8 = model_check_compressed(m, rm, KV_INT8);
-    double e4 = model_check_compressed(m, rm, KV_INT4);
-    printf("  max |logit diff| vs exact KV: f16 %.4f int8 %.4f int4 %.4f\n", e16, e8, e4);
-    CHECK(e16 <= TOL_FLOAT);
-    CHECK(e8 <= TOL_KV_INT8);
-    CHECK(e4 <= TOL_KV_INT4);
-    ref_model_free(rm);
-    model_free(m);
+    CHECK_EQ(model_check_compressed_file(path, tol), 0);
 }
 
 /* Hunyuan's own parts each move the reference by more than 5 float tolerances when the

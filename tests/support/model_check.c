@@ -8,6 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/quant/quant.h"
+#include "tests/support/test.h"
+
 /* Runs the batch with logits for every row; max |diff| against ref rows (n, n_vocab). */
 static double run_and_compare(model_runner *r, kv_seq *seq, int n, const int32_t *tok,
                               const int32_t *pos, const double *ref, int n_vocab)
@@ -446,4 +449,52 @@ double model_check_part_matters(const char *path, const gguf_edit *e, bool seque
     ref_model_free(rp), ref_model_free(rq);
     gguf_close(gp), gguf_close(gq);
     return d;
+}
+
+int model_check_types(modelgen_params p, const char *name, const model_check_plan *plan,
+                      double tol_float, double tol_quant)
+{
+    static const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_Q8_0};
+    int failed = 0;
+    for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
+        const char *type = quant_traits_of(types[t])->name;
+        char path[1024], err[ERR_MAX];
+        snprintf(path, sizeof path, "%s/%s-%s.gguf", test_tmpdir(), name, type);
+        p.type = types[t];
+        if (modelgen_write(&p, path, err) < 0) {
+            fprintf(stderr, "modelgen: %s\n", err);
+            failed++;
+            continue;
+        }
+        bool f16_rounds = types[t] == QTYPE_F16 && quant_f16_rounds_activation(p.dim);
+        bool exact = types[t] == QTYPE_F32 || (types[t] == QTYPE_F16 && !f16_rounds);
+        double tol = exact ? tol_float : tol_quant;
+        double d1 = model_check_file(path, 512, 2, plan), d2 = model_check_file(path, 8, 1, plan);
+        printf("  %s %s: max |logit diff| %.4g (sgemm) %.4g (per row), tolerance %g\n", name,
+               type, d1, d2, tol);
+        failed += !(d1 <= tol && d2 <= tol);
+    }
+    return failed;
+}
+
+int model_check_compressed_file(const char *path, const double tol[3])
+{
+    char err[ERR_MAX];
+    model *m = model_load(path, err);
+    if (!m) {
+        fprintf(stderr, "%s: %s\n", path, err);
+        return 3;
+    }
+    ref_model *rm = ref_model_load(model_gguf(m));
+    static const enum kv_precision precs[3] = {KV_F16, KV_INT8, KV_INT4};
+    double e[3];
+    int failed = 0;
+    for (int i = 0; i < 3; i++) {
+        e[i] = rm ? model_check_compressed(m, rm, precs[i]) : 1e9;
+        failed += !(e[i] <= tol[i]);
+    }
+    printf("  max |logit diff| vs exact KV: f16 %.4f int8 %.4f int4 %.4f\n", e[0], e[1], e[2]);
+    ref_model_free(rm);
+    model_free(m);
+    return failed;
 }

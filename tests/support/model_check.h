@@ -9,6 +9,7 @@
 #include "engine/kv/kv.h"
 #include "engine/model/model.h"
 #include "tests/support/gguf_copy.h"
+#include "engine/gguf/modelgen.h"
 #include "tests/support/ref_forward.h"
 
 /* What model_check_file runs: a prefill of n_prefill tokens at 0.., single-token decodes
@@ -75,6 +76,18 @@ double model_check_partitioned_shapes(const char *path, const enum kv_precision 
  * ref_model_sequential's on when sequential; -1 when a file cannot be written or read
  * (printed). */
 double model_check_part_matters(const char *path, const gguf_edit *e, bool sequential);
+
+/* The architecture tests' logits check: p's model written (to dir/NAME-TYPE.gguf) in F32,
+ * F16 and Q8_0 and run by model_check_file on the sgemm path (runner of 512 rows, 2
+ * threads) and the per-row one (8 rows, 1 thread), each within tol_float (F32, and F16
+ * where its products do not round the activations) or tol_quant; the figures printed.
+ * The number of files over their tolerance or not written. */
+int model_check_types(modelgen_params p, const char *name, const model_check_plan *plan,
+                      double tol_float, double tol_quant);
+
+/* model_check_compressed of the model at path in f16, int8 and int4 chunks, each within
+ * its tolerance (tol[0..3)); the figures printed. The number over or failing. */
+int model_check_compressed_file(const char *path, const double tol[3]);
 
 /* The engine's greedy continuation of prompt (n ids) in this process, the model at path
  * loaded as llmsd loads it (its Q8_0 matrices repacked where the CPU has the kernels, so
