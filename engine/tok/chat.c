@@ -48,6 +48,7 @@ static const char *const family_names[] = {
     [CHAT_SEED_OSS] = "seed_oss",
     [CHAT_HUNYUAN_DENSE] = "hunyuan-dense",
     [CHAT_CHATGLM3] = "chatglm3",
+    [CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
@@ -436,6 +437,8 @@ static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
                      "<|im_start|>assistant\n", ""},
     [CHAT_MISTRAL_V7] = {{"[SYSTEM_PROMPT] ", "[INST] ", " "},
                          {"[/SYSTEM_PROMPT]", "[/INST]", "</s>"}, "", ""},
+    [CHAT_MISTRAL_V7_TEKKEN] = {{"[SYSTEM_PROMPT]", "[INST]", ""},
+                                {"[/SYSTEM_PROMPT]", "[/INST]", "</s>"}, "", ""},
     [CHAT_ZEPHYR] = {{"<|system|>\n", "<|user|>\n", "<|assistant|>\n"},
                      {"</s>\n", "</s>\n", "</s>\n"}, "<|assistant|>\n", ""},
     [CHAT_FALCON3] = {{"<|system|>\n", "<|user|>\n", "<|assistant|>\n"},

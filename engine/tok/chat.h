@@ -149,10 +149,15 @@ enum chat_family {
      * generation prompt "<|assistant|>", as llama.cpp's chatglm3 format; a reply ends at
      * the next turn's "<|user|>" */
     CHAT_CHATGLM3,
+    /* "[SYSTEM_PROMPT]sys[/SYSTEM_PROMPT][INST]user[/INST]assistant</s>" (Mistral Small 3.1
+     * and later, Magistral, Devstral: v7 without the spaces), as llama.cpp's
+     * mistral-v7-tekken; chosen by name only, as llama.cpp detects mistral-v7 for every
+     * [SYSTEM_PROMPT] template */
+    CHAT_MISTRAL_V7_TEKKEN,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_CHATGLM3 + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_MISTRAL_V7_TEKKEN + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
@@ -193,7 +198,8 @@ const char *chat_family_name(enum chat_family f);
     "plain|chatml|hermes|llama3|llama2|llama2-sys|llama2-sys-bos|llama2-sys-strip|"         \
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
     "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma|" \
-    "exaone3|smollm3|gpt-oss|chatglm4|glm-z1|command-r|seed_oss|hunyuan-dense|chatglm3"
+    "exaone3|smollm3|gpt-oss|chatglm4|glm-z1|command-r|seed_oss|hunyuan-dense|chatglm3|"    \
+    "mistral-v7-tekken"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */

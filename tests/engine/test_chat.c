@@ -600,6 +600,12 @@ static const struct {
      "[SYSTEM_PROMPT] You are a helpful assistant[/SYSTEM_PROMPT][INST] Hello[/INST] Hi "
      "there</s>[INST] Who are you[/INST]    I am an assistant   </s>[INST] Another "
      "question[/INST]"},
+    /* llama.cpp's LLM_CHAT_TEMPLATE_MISTRAL_V7_TEKKEN (its llama_chat_apply_template's
+     * output) */
+    {CHAT_MISTRAL_V7_TEKKEN,
+     "[SYSTEM_PROMPT]You are a helpful assistant[/SYSTEM_PROMPT][INST]Hello[/INST]Hi "
+     "there</s>[INST]Who are you[/INST]   I am an assistant   </s>[INST]Another "
+     "question[/INST]"},
     /* Qwen3's template: the same for a conversation without reasoning */
     {CHAT_QWEN3,
      "<|im_start|>system\nYou are a helpful assistant<|im_end|>\n<|im_start|>user\nHello<|"
