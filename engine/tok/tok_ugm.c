@@ -32,6 +32,9 @@
 #include "engine/tok/utf8.h"
 
 #define UGM_UNKNOWN_PENALTY 10.0
+/* The longest replacement a charsmap may hold: NFKC's longest is 33 bytes (U+FDFA); the
+ * bound keeps a text's normalized form within a small multiple of its length. */
+#define UGM_MAX_REPLACEMENT 1024
 
 /* Growing byte buffer of the normalized text. */
 typedef struct {
@@ -87,6 +90,13 @@ static int load_charsmap(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
                        (unsigned long long)n, units);
     if (data[n - 1] != 0)
         return err_set(err, "%s: the replacement strings do not end with a NUL", key);
+    for (const uint8_t *s = data + 4 + units, *end = data + n; s < end;) {
+        size_t len = strlen((const char *)s);
+        if (len > UGM_MAX_REPLACEMENT)
+            return err_set(err, "%s: a replacement string of %zu bytes (at most %d)", key, len,
+                           UGM_MAX_REPLACEMENT);
+        s += len + 1;
+    }
     t->charsmap = malloc((size_t)n);
     if (!t->charsmap)
         return err_set(err, "out of memory for the charsmap (%llu bytes)", (unsigned long long)n);

@@ -1081,6 +1081,12 @@ static void test_ugm_bad_charsmap(void)
     blob[15] = 'x';
     CHECK(!ugm_docs_with_charsmap(blob, 16, "ugm-cm-nul", err));
     CHECK_MSG(strstr(err, "NUL"), "%s", err);
+    static uint8_t long_string[4 + 8 + 2000]; /* a replacement past the bound */
+    memcpy(long_string, blob, 12);
+    memset(long_string + 12, 'a', sizeof long_string - 13);
+    long_string[sizeof long_string - 1] = 0;
+    CHECK(!ugm_docs_with_charsmap(long_string, sizeof long_string, "ugm-cm-long", err));
+    CHECK_MSG(strstr(err, "replacement string of 1999 bytes"), "%s", err);
 
     static const vtok v[] = {{"a", -1, 1}, {"b", -1, 1}, {"<unk>", 0, 2}};
     gguf_writer *w = vocab_writer("t5", v, 3);
