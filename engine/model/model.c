@@ -160,25 +160,35 @@ const char *model_arch_name(enum model_arch a)
  * - InternLM2 and 2.5, ERNIE 4.5 (the dense 0.3B) and XVERSE, whose layers llama.cpp
  *   builds as llama's (its interleaved RoPE, the optional biases below).
  */
-static const struct {
+typedef struct model_arch_alias {
     const char *name;
     enum model_arch as;
-} model_arch_aliases[] = {
-    {"qwen2vl", MODEL_ARCH_QWEN2},     {"qwen3vl", MODEL_ARCH_QWEN3},
-    {"qwen3vlmoe", MODEL_ARCH_QWEN3MOE}, {"internlm2", MODEL_ARCH_LLAMA},
-    {"ernie4_5", MODEL_ARCH_LLAMA},    {"xverse", MODEL_ARCH_LLAMA},
+    bool mrope; /* a vision conversion's: rope.dimension_sections required */
+} model_arch_alias;
+
+static const model_arch_alias model_arch_aliases[] = {
+    {"qwen2vl", MODEL_ARCH_QWEN2, true},     {"qwen3vl", MODEL_ARCH_QWEN3, true},
+    {"qwen3vlmoe", MODEL_ARCH_QWEN3MOE, true}, {"internlm2", MODEL_ARCH_LLAMA, false},
+    {"ernie4_5", MODEL_ARCH_LLAMA, false},   {"xverse", MODEL_ARCH_LLAMA, false},
 };
+
+/* The alias called name[0..len), or NULL. */
+static const model_arch_alias *model_arch_alias_of(const char *name, size_t len)
+{
+    for (size_t i = 0; i < sizeof model_arch_aliases / sizeof *model_arch_aliases; i++)
+        if (strlen(model_arch_aliases[i].name) == len &&
+            memcmp(model_arch_aliases[i].name, name, len) == 0)
+            return &model_arch_aliases[i];
+    return NULL;
+}
 
 int model_arch_from_name(const char *name, size_t len)
 {
     for (size_t i = 0; i < sizeof model_arch_names / sizeof *model_arch_names; i++)
         if (strlen(model_arch_names[i]) == len && memcmp(model_arch_names[i], name, len) == 0)
             return (int)i;
-    for (size_t i = 0; i < sizeof model_arch_aliases / sizeof *model_arch_aliases; i++)
-        if (strlen(model_arch_aliases[i].name) == len &&
-            memcmp(model_arch_aliases[i].name, name, len) == 0)
-            return (int)model_arch_aliases[i].as;
-    return -1;
+    const model_arch_alias *a = model_arch_alias_of(name, len);
+    return a ? (int)a->as : -1;
 }
 
 /* A vision model's M-RoPE sections (dimension pairs per position component), which a
@@ -187,7 +197,8 @@ int model_arch_from_name(const char *name, size_t len)
 static int model_read_mrope_sections(const gguf_file *g, const char *arch,
                                      const model_hparams *hp, char err[ERR_MAX])
 {
-    if (strcmp(arch, "qwen2vl") && strcmp(arch, "qwen3vl") && strcmp(arch, "qwen3vlmoe"))
+    const model_arch_alias *alias = model_arch_alias_of(arch, strlen(arch));
+    if (!alias || !alias->mrope)
         return 0;
     char key[96];
     snprintf(key, sizeof key, "%s.rope.dimension_sections", arch);
