@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/quant/quant.h"
+#include "tests/support/ref_tensor.h"
 
 typedef struct rb_layer {
     double *wq, *wk, *wv, *wo, *bq, *bk, *bv, *bo;
@@ -27,24 +27,6 @@ struct ref_bert {
     int n_cls_out;
     rb_layer *layers;
 };
-
-static double *rb_tensor(const gguf_file *g, const char *name)
-{
-    const gguf_tensor *t = gguf_find_tensor(g, name);
-    if (!t)
-        return NULL;
-    int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-    double *d = malloc((size_t)n * sizeof(double));
-    float *row = malloc((size_t)t->ne[0] * sizeof(float));
-    size_t rb = quant_row_bytes(t->type, t->ne[0]);
-    for (int64_t r = 0; r < n / t->ne[0]; r++) {
-        quant_dequantize_row(t->type, (const char *)t->data + r * rb, row, t->ne[0]);
-        for (int64_t c = 0; c < t->ne[0]; c++)
-            d[r * t->ne[0] + c] = row[c];
-    }
-    free(row);
-    return d;
-}
 
 /* Points wq, wk, wv (and the biases) at the row blocks of nomic-bert's fused matrix. */
 static void rb_split_qkv(rb_layer *L, int d)
@@ -76,22 +58,22 @@ ref_bert *ref_bert_load(const gguf_file *g)
     m->eps = gguf_get_f32(g, K("attention.layer_norm_epsilon"), &f) ? f : 1e-12;
     m->rope_base = gguf_get_f32(g, K("rope.freq_base"), &f) ? f : 10000;
 #undef K
-    m->embd = rb_tensor(g, "token_embd.weight");
-    m->pos = rb_tensor(g, "position_embd.weight");
-    m->types = rb_tensor(g, "token_types.weight");
-    m->eln_w = rb_tensor(g, "token_embd_norm.weight");
-    m->eln_b = rb_tensor(g, "token_embd_norm.bias");
-    m->cls = rb_tensor(g, "cls.weight");
-    m->cls_b = rb_tensor(g, "cls.bias");
-    m->cls_out = rb_tensor(g, "cls.output.weight");
-    m->cls_out_b = rb_tensor(g, "cls.output.bias");
+    m->embd = ref_tensor(g, "token_embd.weight", -1);
+    m->pos = ref_tensor(g, "position_embd.weight", -1);
+    m->types = ref_tensor(g, "token_types.weight", -1);
+    m->eln_w = ref_tensor(g, "token_embd_norm.weight", -1);
+    m->eln_b = ref_tensor(g, "token_embd_norm.bias", -1);
+    m->cls = ref_tensor(g, "cls.weight", -1);
+    m->cls_b = ref_tensor(g, "cls.bias", -1);
+    m->cls_out = ref_tensor(g, "cls.output.weight", -1);
+    m->cls_out_b = ref_tensor(g, "cls.output.bias", -1);
     m->layers = calloc((size_t)m->n_layer, sizeof *m->layers);
     bool ok = m->dim && m->n_head && m->embd && (m->nomic || (m->pos && m->types)) && m->eln_w &&
               m->eln_b;
     for (int l = 0; ok && m->nomic && l < m->n_layer; l++) {
         rb_layer *L = &m->layers[l];
         char n[96];
-#define T(s) (snprintf(n, sizeof n, "blk.%d." s, l), rb_tensor(g, n))
+#define T(s) (snprintf(n, sizeof n, "blk.%d." s, l), ref_tensor(g, n, -1))
         L->qkv = T("attn_qkv.weight");
         L->bqkv = T("attn_qkv.bias");
         if (!L->qkv) {
@@ -120,7 +102,7 @@ ref_bert *ref_bert_load(const gguf_file *g)
     for (int l = 0; ok && !m->nomic && l < m->n_layer; l++) {
         rb_layer *L = &m->layers[l];
         char n[96];
-#define T(s) (snprintf(n, sizeof n, "blk.%d." s, l), rb_tensor(g, n))
+#define T(s) (snprintf(n, sizeof n, "blk.%d." s, l), ref_tensor(g, n, -1))
         L->wq = T("attn_q.weight");
         L->bq = T("attn_q.bias");
         L->wk = T("attn_k.weight");

@@ -20,7 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine/quant/quant.h"
+#include "tests/support/ref_tensor.h"
 
 #define ARCH "gemma-embedding"
 
@@ -36,24 +36,6 @@ struct ref_gemma_embed {
     double *embd, *norm, *dense2, *dense3; /* dense: NULL when absent */
     rg_layer *layers;
 };
-
-static double *rg_tensor(const gguf_file *g, const char *name)
-{
-    const gguf_tensor *t = gguf_find_tensor(g, name);
-    if (!t)
-        return NULL;
-    int64_t n = t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
-    double *d = malloc((size_t)n * sizeof(double));
-    float *row = malloc((size_t)t->ne[0] * sizeof(float));
-    size_t rb = quant_row_bytes(t->type, t->ne[0]);
-    for (int64_t r = 0; r < n / t->ne[0]; r++) {
-        quant_dequantize_row(t->type, (const char *)t->data + r * rb, row, t->ne[0]);
-        for (int64_t c = 0; c < t->ne[0]; c++)
-            d[r * t->ne[0] + c] = row[c];
-    }
-    free(row);
-    return d;
-}
 
 static int rg_u32(const gguf_file *g, const char *suffix, int dflt)
 {
@@ -87,10 +69,10 @@ ref_gemma_embed *ref_gemma_embed_load(const gguf_file *g)
     m->theta = rg_f32(g, "rope.freq_base", 10000);
     m->theta_local = rg_f32(g, "rope.freq_base_swa", 10000);
     int period = rg_u32(g, "attention.sliding_window_pattern", 6);
-    m->embd = rg_tensor(g, "token_embd.weight");
-    m->norm = rg_tensor(g, "output_norm.weight");
-    m->dense2 = rg_tensor(g, "dense_2.weight");
-    m->dense3 = rg_tensor(g, "dense_3.weight");
+    m->embd = ref_tensor(g, "token_embd.weight", -1);
+    m->norm = ref_tensor(g, "output_norm.weight", -1);
+    m->dense2 = ref_tensor(g, "dense_2.weight", -1);
+    m->dense3 = ref_tensor(g, "dense_3.weight", -1);
     m->layers = calloc((size_t)m->n_layer, sizeof *m->layers);
     bool ok = m->dim > 0 && m->n_layer > 0 && m->n_head > 0 && m->n_ff > 0 && m->embd &&
               m->norm && (m->pooling >= 1 && m->pooling <= 3) &&
@@ -98,7 +80,7 @@ ref_gemma_embed *ref_gemma_embed_load(const gguf_file *g)
     for (int l = 0; ok && l < m->n_layer; l++) {
         rg_layer *L = &m->layers[l];
         char nm[96];
-#define T(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), rg_tensor(g, nm))
+#define T(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), ref_tensor(g, nm, -1))
         L->in_norm = T("attn_norm.weight");
         L->q = T("attn_q.weight");
         L->k = T("attn_k.weight");
