@@ -70,7 +70,7 @@ int kv_precision_layout_of(int k_bits, int v_bits, bool v_block);
 const char *kv_precision_name(enum kv_precision p);
 
 /* Largest head_dim a pool accepts (as the attention kernels, OPS_MAX_HEAD_DIM). */
-#define KV_MAX_HEAD_DIM 512
+#define KV_MAX_HEAD_DIM 576
 
 /* Most layers a pool accepts (the largest published models have 126). */
 #define KV_MAX_LAYERS 256

@@ -169,6 +169,10 @@ static int lora_check_kind(lora *l, char err[ERR_MAX])
         return err_set(err, "an adapter of a %.*s model; the base is %.*s",
                        (int)(s.len > 32 ? 32 : s.len), s.ptr, (int)(arch.len > 32 ? 32 : arch.len),
                        arch.ptr);
+    /* its attention's matrices are not the q/k/v/o the forward adds deltas to */
+    if (model_hparams_of(l->base)->arch == MODEL_ARCH_DEEPSEEK2)
+        return err_set(err, "adapters of deepseek2 models (multi-head latent attention) are not "
+                            "supported");
     if (!gguf_get_str(l->g, "adapter.type", &s))
         return err_set(err, "no adapter.type (a LoRA adapter's is 'lora')");
     if (!gguf_str_eq(s, "lora"))

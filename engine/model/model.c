@@ -43,7 +43,7 @@
 #define MODEL_MAX_EXPERTS 1024
 
 /* Weight matrices of one layer a forward multiplies with (model_layer_matrices). */
-#define MODEL_LAYER_MATRICES 11
+#define MODEL_LAYER_MATRICES 15
 
 typedef struct model_layer {
     const float *attn_norm; /* (dim), or NULL (olmo2) */
@@ -58,10 +58,22 @@ typedef struct model_layer {
     /* phi3 stores q, k and v as one attn_qkv matrix and gate, up as one ffn_up of 2 n_ff
      * rows (gate first), glm4 and chatglm the latter, chatglm the former too (and glm4 in
      * some files): these are views of their rows, so the forward is the same */
-    ops_matrix wq;          /* (n_head * head_dim, dim) */
-    ops_matrix wk;          /* (n_head_kv * head_dim, dim) */
-    ops_matrix wv;          /* (n_head_kv * head_dim, dim) */
-    ops_matrix wo;          /* (dim, n_head * head_dim) */
+    ops_matrix wq;          /* (n_head * head_dim, dim); deepseek2: (n_head * (mla_qk_nope +
+                               rope_dims), dim) attn_q, or (.., mla_q_rank) attn_q_b */
+    ops_matrix wk;          /* (n_head_kv * head_dim, dim); absent in deepseek2 */
+    ops_matrix wv;          /* (n_head_kv * head_dim, dim); absent in deepseek2 */
+    ops_matrix wo;          /* (dim, n_head * head_dim); deepseek2: (dim, n_head * mla_v_dim) */
+    /* deepseek2's multi-head latent attention (model_hparams), else absent (data NULL) */
+    ops_matrix wq_a;        /* (mla_q_rank, dim) attn_q_a, absent without mla_q_rank */
+    ops_matrix wkv_a;       /* (mla_kv_rank + rope_dims, dim) attn_kv_a_mqa: the latent, then
+                               the part of k every head shares, before RoPE */
+    ops_matrix wk_b;        /* (n_head * mla_kv_rank, mla_qk_nope) attn_k_b: head h's rows
+                               h * mla_kv_rank.. map its unrotated query into the latent */
+    ops_matrix wv_b;        /* (n_head * mla_v_dim, mla_kv_rank) attn_v_b: head h's rows take
+                               its value out of its attention over the latent */
+    const float *q_a_norm;  /* (mla_q_rank) attn_q_a_norm, or NULL */
+    const float *kv_a_norm; /* (mla_kv_rank) attn_kv_a_norm */
+    const float *exp_probs_b; /* (n_expert) DeepSeek-V3's selection bias, or NULL */
     /* The dense feed-forward, (n_ff, dim) (n_ff, dim) (dim, n_ff); with experts, the shared
      * expert (qwen2moe's, granitemoe's; n_ff_shexp in place of n_ff), else absent (data
      * NULL). */
@@ -141,6 +153,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_PHI2] = "phi2",
     [MODEL_ARCH_SEED_OSS] = "seed_oss",
     [MODEL_ARCH_HUNYUAN_DENSE] = "hunyuan-dense",
+    [MODEL_ARCH_DEEPSEEK2] = "deepseek2",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -218,6 +231,17 @@ static int model_read_mrope_sections(const gguf_file *g, const char *arch,
         return err_set(err, "%s: %lld dimension pairs, more than rope.dimension_count %d holds",
                        key, (long long)pairs, hp->rope_dims);
     return 0;
+}
+
+bool model_layer_has_experts(const model_hparams *hp, int layer)
+{
+    return hp->n_expert > 0 && layer >= hp->n_dense_lead;
+}
+
+int model_ff_max(const model_hparams *hp)
+{
+    int ff = hp->n_ff > hp->n_ff_exp ? hp->n_ff : hp->n_ff_exp;
+    return ff > hp->n_ff_shexp ? ff : hp->n_ff_shexp;
 }
 
 int model_layer_window(const model_hparams *hp, int layer)
@@ -313,12 +337,15 @@ static int model_read_rope_scale(const gguf_file *g, const char *arch, const mod
          * llama.cpp takes it (1 for Ministral 3's), in place of the 1 + 0.1 ln factor
          * ops_rope_yarn applies */
         float log_mul = 0.0f;
+        bool deepseek2 = hp->arch == MODEL_ARCH_DEEPSEEK2;
         snprintf(key, sizeof key, "%s.rope.scaling.yarn_log_multiplier", arch);
-        if (hp->arch == MODEL_ARCH_MISTRAL3 && gguf_find_key(g, key) >= 0 &&
+        if ((hp->arch == MODEL_ARCH_MISTRAL3 || deepseek2) && gguf_find_key(g, key) >= 0 &&
             (!gguf_get_f32(g, key, &log_mul) || !(log_mul >= 0.0f && log_mul <= 100.0f)))
             return err_set(err, "metadata key '%s' is not a number in [0, 100]", key);
+        /* deepseek2: HF's mscale equals its mscale_all_dim, so cos and sin keep their scale
+         * (model_read_deepseek2 puts YaRN's into the query scale) */
         if (log_mul != 0.0f && ext_factor != 0.0f && factor > 1.0f)
-            attn_factor /= 1.0f + 0.1f * log_mul * logf(factor);
+            attn_factor /= 1.0f + 0.1f * (deepseek2 ? 1.0f : log_mul) * logf(factor);
         /* gpt-oss: Hugging Face's config says "truncate": false, as OpenAI's own code
          * computes the ramp (llama.cpp truncates for every model) */
         *out = ops_rope_yarn(hp->rope_dims, hp->rope_base, factor, orig_ctx, beta_fast, beta_slow,
@@ -767,6 +794,150 @@ static int model_read_hunyuan(const gguf_file *g, const char *arch, model_hparam
     return 0;
 }
 
+/* {arch}.suffix, an unsigned integer, as a boolean: absent is false. */
+static int model_get_flag(const gguf_file *g, const char *arch, const char *suffix, bool *out,
+                          char err[ERR_MAX])
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    *out = false;
+    if (gguf_find_key(g, key) >= 0 && !gguf_get_bool(g, key, out))
+        return err_set(err, "metadata key '%s' is not a boolean", key);
+    return 0;
+}
+
+/* deepseek2's experts (model_hparams): none where the file has no expert_count (a dense
+ * model such as Youtu-LLM, every layer dense), else the counts, the shared experts as one
+ * of n_ff_exp * expert_shared_count, the gating (llama.cpp's default for files without
+ * expert_gating_func: softmax, but sigmoid for GLM-4.7-Flash's 47- and 48-layer shapes of
+ * a 154880-token vocabulary), the weights' scale and renormalization, the groups. */
+static int model_read_deepseek2_experts(const gguf_file *g, const char *arch, model_hparams *hp,
+                                        char err[ERR_MAX])
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_count", arch);
+    int64_t count = 0;
+    if (gguf_find_key(g, key) >= 0 && !gguf_get_i64(g, key, &count))
+        return err_set(err, "metadata key '%s' is not an integer", key);
+    if (count == 0)
+        return model_get_dim(g, arch, "leading_dense_block_count", hp->n_layer,
+                             &hp->n_dense_lead, err);
+    int shared, groups = 0, groups_used = 0;
+    if (model_get_dim(g, arch, "expert_count", -1, &hp->n_expert, err) < 0 ||
+        model_get_dim(g, arch, "expert_used_count", -1, &hp->n_expert_used, err) < 0 ||
+        model_get_dim(g, arch, "expert_feed_forward_length", -1, &hp->n_ff_exp, err) < 0 ||
+        model_get_dim(g, arch, "expert_shared_count", 0, &shared, err) < 0 ||
+        model_get_float(g, arch, "expert_weights_scale", 0.0f, &hp->expert_scale, err) < 0 ||
+        model_get_flag(g, arch, "expert_weights_norm", &hp->expert_norm, err) < 0 ||
+        model_get_dim(g, arch, "expert_group_count", 0, &groups, err) < 0 ||
+        model_get_dim(g, arch, "expert_group_used_count", 0, &groups_used, err) < 0 ||
+        (gguf_find_key(g, (snprintf(key, sizeof key, "%s.leading_dense_block_count", arch),
+                           key)) >= 0 &&
+         model_get_dim(g, arch, "leading_dense_block_count", 0, &hp->n_dense_lead, err) < 0))
+        return -1;
+    if (hp->n_expert > MODEL_MAX_EXPERTS || hp->n_expert_used > hp->n_expert)
+        return err_set(err, "%s.expert_count %d / expert_used_count %d out of range (at most "
+                            "%d experts)", arch, hp->n_expert, hp->n_expert_used,
+                       MODEL_MAX_EXPERTS);
+    if ((int64_t)shared * hp->n_ff_exp > MODEL_MAX_DIM)
+        return err_set(err, "%s.expert_shared_count %d too large", arch, shared);
+    hp->n_ff_shexp = shared * hp->n_ff_exp;
+    if (hp->n_dense_lead > hp->n_layer)
+        return err_set(err, "%s.leading_dense_block_count %d is above block_count %d", arch,
+                       hp->n_dense_lead, hp->n_layer);
+    if (groups > 1) {
+        if (hp->n_expert % groups != 0 || groups_used < 1 || groups_used > groups ||
+            (int64_t)groups_used * (hp->n_expert / groups) < hp->n_expert_used ||
+            hp->n_expert / groups < 2)
+            return err_set(err, "%s.expert_group_count %d / expert_group_used_count %d do not "
+                                "fit %d experts of which %d are used", arch, groups,
+                           groups_used, hp->n_expert, hp->n_expert_used);
+        hp->n_expert_groups = groups;
+        hp->n_expert_groups_used = groups_used;
+    }
+    uint32_t gating = 0;
+    snprintf(key, sizeof key, "%s.expert_gating_func", arch);
+    if (gguf_find_key(g, key) >= 0 && (!gguf_get_u32(g, key, &gating) || gating > 2))
+        return err_set(err, "metadata key '%s' is not 1 (softmax) or 2 (sigmoid)", key);
+    if (gating == 0) {
+        const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+        gating = (hp->n_layer == 47 || hp->n_layer == 48) && emb && emb->ne[1] == 154880 ? 2 : 1;
+    }
+    hp->expert_sigmoid = gating == 2;
+    return 0;
+}
+
+/*
+ * DeepSeek-V2 and V3 (deepseek2, also DeepSeek-R1, Kimi-K2, GLM-4.7-Flash, Moonlight), as
+ * llama.cpp reads files of its current converter: multi-head latent attention with
+ * attn_k_b and attn_v_b (model_hparams), RMS epsilon required, interleaved RoPE, the
+ * experts (model_read_deepseek2_experts). The query scale is llama.cpp's: 1/sqrt of a
+ * head's query/key dimensions times mscale^2, where YaRN with yarn_log_multiplier
+ * (converted as 0.1 * HF's mscale_all_dim) gives mscale = 1 + 0.1 mscale_all_dim ln(factor)
+ * and leaves cos and sin unscaled (model_read_rope_scale), as HF's DeepseekV2 computes
+ * it. Files of the older converter (one attn_kv_b, no key_length_mla) and Mistral Large
+ * 3's attention temperature are refused.
+ */
+static int model_read_deepseek2(const gguf_file *g, const char *arch, model_hparams *hp,
+                                char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_DEEPSEEK2)
+        return 0;
+    char key[128];
+    snprintf(key, sizeof key, "%s.attention.key_length_mla", arch);
+    if (gguf_find_key(g, key) < 0)
+        return err_set(err, "missing metadata key '%s': a deepseek2 file of the older "
+                            "converter (one attn_kv_b) is not supported; convert the model "
+                            "again with llama.cpp's convert_hf_to_gguf.py", key);
+    snprintf(key, sizeof key, "%s.attention.temperature_scale", arch);
+    if (gguf_find_key(g, key) >= 0)
+        return err_set(err, "%s: deepseek2's attention temperature (Mistral Large 3) is not "
+                            "supported", key);
+    int k_mla, v_len;
+    if (model_require(g, arch, "attention.kv_lora_rank", err) < 0 ||
+        model_require(g, arch, "rope.dimension_count", err) < 0 ||
+        model_require(g, arch, "attention.layer_norm_rms_epsilon", err) < 0 ||
+        model_get_dim(g, arch, "attention.kv_lora_rank", -1, &hp->mla_kv_rank, err) < 0 ||
+        model_get_dim(g, arch, "attention.q_lora_rank", 0, &hp->mla_q_rank, err) < 0 ||
+        model_get_dim(g, arch, "attention.key_length_mla", -1, &k_mla, err) < 0 ||
+        model_get_dim(g, arch, "attention.value_length_mla", -1, &hp->mla_v_dim, err) < 0 ||
+        model_get_dim(g, arch, "attention.value_length", -1, &v_len, err) < 0)
+        return -1;
+    if (hp->n_head_kv != 1)
+        return err_set(err, "%s.attention.head_count_kv is %d: multi-head latent attention "
+                            "has one (the latent)", arch, hp->n_head_kv);
+    if (hp->head_dim != hp->mla_kv_rank + hp->rope_dims || v_len != hp->mla_kv_rank)
+        return err_set(err, "%s.attention.key_length %d and value_length %d: multi-head latent "
+                            "attention's are kv_lora_rank + rope.dimension_count (%d) and "
+                            "kv_lora_rank (%d)", arch, hp->head_dim, v_len,
+                       hp->mla_kv_rank + hp->rope_dims, hp->mla_kv_rank);
+    if (k_mla <= hp->rope_dims)
+        return err_set(err, "%s.attention.key_length_mla %d is not above rope.dimension_count "
+                            "%d", arch, k_mla, hp->rope_dims);
+    if ((int64_t)hp->n_head * (k_mla > hp->mla_v_dim ? k_mla : hp->mla_v_dim) > MODEL_MAX_DIM)
+        return err_set(err, "%s: head_count * key_length_mla too large", arch);
+    hp->mla_qk_nope = k_mla - hp->rope_dims;
+    hp->rope_style = MODEL_ROPE_INTERLEAVED;
+    if (model_read_deepseek2_experts(g, arch, hp, err) < 0)
+        return -1;
+    if (hp->n_dense_lead > 0 && hp->n_ff <= 0)
+        return err_set(err, "missing metadata key '%s.feed_forward_length' (the leading dense "
+                            "layers')", arch);
+    /* llama.cpp's query scale (deepseek2.cpp's kq_scale): the attention factor it gives
+     * RoPE, times YaRN's 1 + 0.1 ln(factor) where RoPE did not apply it, times HF's
+     * mscale of mscale_all_dim, squared */
+    const ops_rope_scaling *sc = &hp->rope_scaling;
+    float ln_factor = logf(1.0f / sc->freq_scale), log_mul = 0.0f;
+    snprintf(key, sizeof key, "%s.rope.scaling.yarn_log_multiplier", arch);
+    if (gguf_find_key(g, key) >= 0 &&
+        (!gguf_get_f32(g, key, &log_mul) || !(log_mul >= 0.0f && log_mul <= 10.0f)))
+        return err_set(err, "metadata key '%s' is not a number in [0, 10]", key);
+    float attn_factor = sc->mscale * (sc->ext_factor != 0.0f ? 1.0f : 1.0f + 0.1f * ln_factor);
+    float mscale = attn_factor * (1.0f + log_mul * ln_factor); /* 0.1 * mscale_all_dim */
+    hp->attn_scale = mscale * mscale / sqrtf((float)k_mla);
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -794,7 +965,7 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
     /* their experts' sizes have keys of their own: feed_forward_length is only a default */
     bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE ||
-                    hp->arch == MODEL_ARCH_GPTOSS;
+                    hp->arch == MODEL_ARCH_GPTOSS || hp->arch == MODEL_ARCH_DEEPSEEK2;
 
     if (model_get_dim(m->g, arch, "embedding_length", -1, &hp->dim, err) < 0 ||
         model_get_dim(m->g, arch, "block_count", -1, &hp->n_layer, err) < 0 ||
@@ -807,7 +978,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
     int value_length;
     if (model_get_dim(m->g, arch, "attention.value_length", hp->head_dim, &value_length, err) < 0)
         return -1;
-    if (value_length != hp->head_dim)
+    /* deepseek2's value is its latent, without the rotated dimensions of its key */
+    if (value_length != hp->head_dim && hp->arch != MODEL_ARCH_DEEPSEEK2)
         return err_set(err, "attention.value_length %d differs from key_length %d", value_length,
                        hp->head_dim);
     if (model_get_dim(m->g, arch, "rope.dimension_count", hp->head_dim, &hp->rope_dims, err) < 0)
@@ -871,7 +1043,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         model_read_exaone4(m->g, arch, hp, err) < 0 || model_read_glm4(m->g, arch, hp, err) < 0 ||
         model_read_cohere(m->g, arch, hp, err) < 0 ||
         model_read_starcoder2_phi2(m->g, arch, hp, err) < 0 ||
-        model_read_hunyuan(m->g, arch, hp, err) < 0)
+        model_read_hunyuan(m->g, arch, hp, err) < 0 ||
+        model_read_deepseek2(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -927,12 +1100,12 @@ static int model_matrix(const model *m, const char *name, int64_t rows, int64_t 
 static int model_vector(model *m, const char *name, int64_t n, const float **out,
                         char err[ERR_MAX]);
 
-/* The merged tensor name of n_expert matrices of (rows, cols), ne [cols, rows, n_expert]
- * as llama.cpp's converter writes it, as one matrix of n_expert * rows rows. */
-static int model_experts(const model *m, const char *name, int64_t rows, int64_t cols,
-                         ops_matrix *out, char err[ERR_MAX])
+/* The merged tensor name of n matrices of (rows, cols), ne [cols, rows, n] as llama.cpp's
+ * converter writes experts (and deepseek2's per-head attn_k_b, attn_v_b), as one matrix of
+ * n * rows rows; `what` names the n in errors ("experts"). */
+static int model_stacked(const model *m, const char *name, int64_t n, const char *what,
+                         int64_t rows, int64_t cols, ops_matrix *out, char err[ERR_MAX])
 {
-    int64_t n = m->hp.n_expert;
     const gguf_tensor *t = gguf_find_tensor(m->g, name);
     if (!t)
         return err_set(err, "tensor '%s' is missing", name);
@@ -942,9 +1115,9 @@ static int model_experts(const model *m, const char *name, int64_t rows, int64_t
                        tr ? tr->name : "unknown");
     if (t->n_dims != 3 || t->ne[0] != cols || t->ne[1] != rows || t->ne[2] != n || t->ne[3] != 1)
         return err_set(err, "tensor '%s': shape [%lld, %lld, %lld] (%u dims), expected [%lld, "
-                            "%lld, %lld] (%lld experts)", name, (long long)t->ne[0],
+                            "%lld, %lld] (%lld %s)", name, (long long)t->ne[0],
                        (long long)t->ne[1], (long long)t->ne[2], t->n_dims, (long long)cols,
-                       (long long)rows, (long long)n, (long long)n);
+                       (long long)rows, (long long)n, (long long)n, what);
     size_t row = quant_row_bytes(t->type, cols);
     if (row == 0 || t->bytes < row * (size_t)(rows * n))
         return err_set(err, "tensor '%s': %zu bytes do not hold %lld rows of %lld %s elements",
@@ -952,6 +1125,12 @@ static int model_experts(const model *m, const char *name, int64_t rows, int64_t
     *out = (ops_matrix){.type = t->type, .data = t->data, .rows = (int)(rows * n),
                         .cols = (int)cols, .row_bytes = row};
     return 0;
+}
+
+static int model_experts(const model *m, const char *name, int64_t rows, int64_t cols,
+                         ops_matrix *out, char err[ERR_MAX])
+{
+    return model_stacked(m, name, m->hp.n_expert, "experts", rows, cols, out, err);
 }
 
 /* Rows [r0, r0 + n) of w, as a matrix of their own (a view: no copy): one of
@@ -1186,6 +1365,44 @@ static int model_load_glm4(model *m, model_layer *L, int l, char err[ERR_MAX])
     return 0;
 }
 
+/* deepseek2's attention tensors of layer l (model_layer), and DeepSeek-V3's selection
+ * bias of its experts where the file has it. attn_k_b and attn_v_b are 3-D, a matrix per
+ * head, read as one matrix of all the heads' rows (as merged experts). */
+static int model_load_mla(model *m, model_layer *L, int l, char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    int64_t heads = hp->n_head, q_dim = heads * (hp->mla_qk_nope + hp->rope_dims);
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    if (hp->mla_q_rank > 0
+            ? model_vector(m, NAME("attn_q_a_norm.weight"), hp->mla_q_rank, &L->q_a_norm,
+                           err) < 0 ||
+                  model_matrix(m, NAME("attn_q_a.weight"), hp->mla_q_rank, hp->dim, &L->wq_a,
+                               err) < 0 ||
+                  model_matrix(m, NAME("attn_q_b.weight"), q_dim, hp->mla_q_rank, &L->wq,
+                               err) < 0
+            : model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq, err) < 0)
+        return -1;
+    if (!gguf_find_tensor(m->g, NAME("attn_k_b.weight")) &&
+        gguf_find_tensor(m->g, NAME("attn_kv_b.weight")))
+        return err_set(err, "tensor '%s': deepseek2's attn_kv_b of the older converter is not "
+                            "supported; convert the model again with llama.cpp's "
+                            "convert_hf_to_gguf.py (attn_k_b and attn_v_b)", name);
+    if (model_stacked(m, NAME("attn_k_b.weight"), heads, "heads", hp->mla_kv_rank,
+                      hp->mla_qk_nope, &L->wk_b, err) < 0 ||
+        model_stacked(m, NAME("attn_v_b.weight"), heads, "heads", hp->mla_v_dim,
+                      hp->mla_kv_rank, &L->wv_b, err) < 0 ||
+        model_vector(m, NAME("attn_kv_a_norm.weight"), hp->mla_kv_rank, &L->kv_a_norm, err) < 0 ||
+        model_matrix(m, NAME("attn_kv_a_mqa.weight"), hp->mla_kv_rank + hp->rope_dims, hp->dim,
+                     &L->wkv_a, err) < 0)
+        return -1;
+    if (model_layer_has_experts(hp, l) && gguf_find_tensor(m->g, NAME("exp_probs_b.bias")) &&
+        model_vector(m, NAME("exp_probs_b.bias"), hp->n_expert, &L->exp_probs_b, err) < 0)
+        return -1;
+#undef NAME
+    return 0;
+}
+
 static int model_load_tensors(model *m, char err[ERR_MAX])
 {
     const model_hparams *hp = &m->hp;
@@ -1205,6 +1422,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
      * dim of them the output bias any file may have */
     m->vecs_cap = 2 * (size_t)hp->dim + 3 * (size_t)(hp->rope_dims / 2) +
                   (size_t)hp->n_layer * (5 * hp->dim + q_dim + 2 * kv_dim + 2 * hp->head_dim) +
+                  (size_t)hp->n_layer * (hp->mla_q_rank + hp->mla_kv_rank + hp->n_expert) +
                   model_gptoss_vecs(hp) + model_linear_bias_vecs(hp);
     m->vecs = malloc(m->vecs_cap * sizeof(float));
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
@@ -1243,6 +1461,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     bool fused = hp->arch == MODEL_ARCH_PHI3;
     bool starcoder2 = hp->arch == MODEL_ARCH_STARCODER2;
     bool gated = hp->ffn_act != MODEL_FFN_GELU_TANH_UNGATED;
+    bool mla = hp->arch == MODEL_ARCH_DEEPSEEK2;
+    int64_t wo_cols = mla ? (int64_t)hp->n_head * hp->mla_v_dim : q_dim;
     for (int l = 0; l < hp->n_layer; l++) {
         model_layer *L = &m->layers[l];
         char name[96];
@@ -1260,7 +1480,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
              (model_vector(m, NAME("attn_norm.bias"), hp->dim, &L->attn_norm_b, err) < 0 ||
               (!hp->parallel &&
                model_vector(m, NAME("ffn_norm.bias"), hp->dim, &L->ffn_norm_b, err) < 0))) ||
-            model_matrix(m, NAME("attn_output.weight"), hp->dim, q_dim, &L->wo, err) < 0)
+            model_matrix(m, NAME("attn_output.weight"), hp->dim, wo_cols, &L->wo, err) < 0)
             return -1;
         /* StableLM 2 12B: per-head q/k LayerNorms and a parallel residual (no ffn_norm,
          * which the line above requires), llama.cpp's optional tensors; not computed here */
@@ -1285,14 +1505,15 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
             L->wv = model_rows(&qkv, q_dim + kv_dim, kv_dim);
             L->w_gate = model_rows(&gate_up, 0, hp->n_ff);
             L->w_up = model_rows(&gate_up, hp->n_ff, hp->n_ff);
-        } else if ((phi2_qkv ? model_load_fused_qkv(m, L, l, true, err) < 0
-                             : model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq,
-                                            err) < 0 ||
-                                   model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim,
-                                                &L->wk, err) < 0 ||
-                                   model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim,
-                                                &L->wv, err) < 0) ||
-                   (hp->n_expert ? model_load_experts(m, L, l, err) < 0
+        } else if ((mla        ? model_load_mla(m, L, l, err) < 0
+                    : phi2_qkv ? model_load_fused_qkv(m, L, l, true, err) < 0
+                               : model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq,
+                                              err) < 0 ||
+                                     model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim,
+                                                  &L->wk, err) < 0 ||
+                                     model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim,
+                                                  &L->wv, err) < 0) ||
+                   (model_layer_has_experts(hp, l) ? model_load_experts(m, L, l, err) < 0
                                  : (gated && model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff,
                                                           hp->dim, &L->w_gate, err) < 0) ||
                                        model_matrix(m, NAME("ffn_up.weight"), hp->n_ff, hp->dim,
@@ -1304,7 +1525,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
          * architecture's where the file has them (all three: StableLM 2 1.6B's, InternLM2's,
          * llama conversions of models with attention_bias), as llama.cpp's loader takes them
          * for every architecture; GLM-4's and fused attn_qkv's are their loaders' */
-        bool own_qkv = phi2_qkv || hp->arch == MODEL_ARCH_GLM4 || hp->arch == MODEL_ARCH_CHATGLM;
+        bool own_qkv = phi2_qkv || mla || hp->arch == MODEL_ARCH_GLM4 ||
+                       hp->arch == MODEL_ARCH_CHATGLM;
         bool biases = qwen2 || starcoder2 || (phi2 && !phi2_qkv) ||
                       (!own_qkv && (gguf_find_tensor(m->g, NAME("attn_q.bias")) ||
                                     gguf_find_tensor(m->g, NAME("attn_k.bias")) ||
@@ -1321,7 +1543,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         /* a gated feed-forward's biases (llama.cpp's optional ones) are not computed here:
          * refused rather than left out */
         static const char *const ffn_biases[] = {"ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"};
-        for (int i = 0; gated && !hp->n_expert && i < 3; i++) {
+        for (int i = 0; gated && !model_layer_has_experts(hp, l) && i < 3; i++) {
             snprintf(name, sizeof name, "blk.%d.%s", l, ffn_biases[i]);
             if (gguf_find_tensor(m->g, name))
                 return err_set(err, "tensor '%s': biases of a gated feed-forward are not "
@@ -1401,13 +1623,15 @@ model *model_load_as(const char *path, gguf_load how, char err[ERR_MAX])
 }
 
 /* The weight matrices of layer L that it has into w (at most MODEL_LAYER_MATRICES), the
- * merged experts' only when `experts`; how many. */
-static int model_layer_matrices(model_layer *L, bool experts, ops_matrix **w)
+ * stacked ones (merged experts, deepseek2's per-head attn_k_b and attn_v_b), which the
+ * forward reads in slices, only when `stacked`; how many. */
+static int model_layer_matrices(model_layer *L, bool stacked, ops_matrix **w)
 {
-    ops_matrix *all[] = {&L->wq,     &L->wk,        &L->wv,      &L->wo,
-                         &L->w_gate, &L->w_up,      &L->w_down,  &L->router,
-                         &L->gate_exps, &L->up_exps, &L->down_exps};
-    size_t n_all = sizeof all / sizeof all[0] - (experts ? 0 : 3); /* the merged experts last */
+    ops_matrix *all[] = {&L->wq,        &L->wk,      &L->wv,        &L->wo,
+                         &L->w_gate,    &L->w_up,    &L->w_down,    &L->router,
+                         &L->wq_a,      &L->wkv_a,   &L->gate_exps, &L->up_exps,
+                         &L->down_exps, &L->wk_b,    &L->wv_b};
+    size_t n_all = sizeof all / sizeof all[0] - (stacked ? 0 : 5); /* the stacked ones last */
     int k = 0;
     for (size_t i = 0; i < n_all; i++)
         if (all[i]->data)
@@ -1693,8 +1917,19 @@ struct model_runner {
     float *v;      /* (max_batch, n_head_kv * head_dim) */
     float *att;    /* (max_batch, n_head * head_dim) attention output */
     float *proj;   /* (max_batch, dim) output of attn_output / ffn_down */
-    float *gate;   /* (max_batch, n_ff) */
-    float *up;     /* (max_batch, n_ff) */
+    float *gate;   /* (max_batch, model_ff_max) */
+    float *up;     /* (max_batch, model_ff_max) */
+    /* deepseek2's multi-head latent attention (no bytes for the others) */
+    float *mla_qa;  /* (max_batch, mla_q_rank) attn_q_a's product, then its norm */
+    float *mla_qf;  /* (max_batch, n_head * (mla_qk_nope + rope_dims)) the heads' queries
+                       before they are mapped into the latent */
+    float *mla_in;  /* (n_threads, max_batch, mla_in_width) a thread's head's rows gathered */
+    float *mla_out; /* (n_threads, max_batch, mla_out_width) their product by its matrix */
+    char *mla_mm;   /* (n_threads, mla_mm_bytes) a thread's ops_matmul scratch for them */
+    float *mla_v;   /* (max_batch, n_head * mla_v_dim) the heads' values: attn_output's input */
+    int mla_in_width;    /* max(mla_qk_nope, mla_kv_rank) */
+    int mla_out_width;   /* max(mla_kv_rank, mla_v_dim) */
+    size_t mla_mm_bytes; /* ops_matmul_scratch_bytes(max_batch, mla_in_width, 1), aligned */
     /* mixture of experts (n_expert > 0; empty otherwise) */
     float *ex_in;      /* (max_batch, dim) the normalized rows routed to one expert */
     float *ex_out;     /* (max_batch, dim) an expert's (or the shared expert's) output */
@@ -1804,15 +2039,26 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
     size_t B = (size_t)max_batch, q_dim = (size_t)hp->n_head * hp->head_dim,
            kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
     size_t stage = B < MODEL_LOGITS_STAGE ? B : MODEL_LOGITS_STAGE;
-    int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
-    if ((int)q_dim > max_cols)
-        max_cols = (int)q_dim;
+    size_t ff = (size_t)model_ff_max(hp);
+    size_t mla_q = (size_t)hp->n_head * (hp->mla_qk_nope + hp->rope_dims) * (hp->mla_kv_rank > 0);
+    size_t mla_in = hp->mla_qk_nope > hp->mla_kv_rank ? hp->mla_qk_nope : hp->mla_kv_rank;
+    size_t mla_out = hp->mla_kv_rank > hp->mla_v_dim ? hp->mla_kv_rank : hp->mla_v_dim;
+    size_t mla_v = (size_t)hp->n_head * hp->mla_v_dim;
+    size_t mla_mm = mla_in ? model_align(ops_matmul_scratch_bytes(max_batch, (int)mla_in, 1)) : 0;
+    r->mla_in_width = (int)mla_in;
+    r->mla_out_width = (int)mla_out;
+    r->mla_mm_bytes = mla_mm;
+    /* the widest input of a matrix product: deepseek2's q_b and attn_output read its own */
+    size_t max_cols = (size_t)hp->dim > ff ? (size_t)hp->dim : ff;
+    size_t widest[] = {q_dim, (size_t)hp->mla_q_rank, mla_in, mla_v};
+    for (size_t i = 0; i < sizeof widest / sizeof *widest; i++)
+        max_cols = widest[i] > max_cols ? widest[i] : max_cols;
     size_t every[] = {
         B * hp->dim * 4, B * hp->dim * 4, B * hp->dim * 4, B * hp->head_dim * 4,
         hp->rope_swa ? B * hp->head_dim * 4 : 0,
         (size_t)max_kv * 4, ((size_t)max_kv + max_batch / KV_CHUNK_TOKENS + 3) * sizeof(int),
         B * sizeof(kv_chunk *), B * sizeof(int),
-        ops_matmul_scratch_bytes(max_batch, max_cols, nt),
+        ops_matmul_scratch_bytes(max_batch, (int)max_cols, nt),
         B * sizeof(model_part), B * sizeof(int), B * sizeof(int32_t), B * sizeof(int),
         B * sizeof(float *), stage * hp->n_vocab * 4, B * sizeof(int32_t),
         B * sizeof(const model *), 3 * B * (size_t)m->lora_rank * 4,
@@ -1831,14 +2077,17 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
         (size_t)nt * (hp->n_head / hp->n_head_kv) * max_kv * 4,
         2 * (size_t)max_kv * hp->head_dim * 4, (size_t)nt * attn_rows * max_kv * 4,
         (size_t)nt * KV_CHUNK_TOKENS * hp->head_dim * 4, (size_t)nt * max_kv * 4,
+        B * hp->mla_q_rank * 4, B * mla_q * 4, nt * B * mla_in * 4, nt * B * mla_out * 4,
+        nt * mla_mm, B * mla_v * 4,
     };
     void **attn_ptrs[] = {
         (void **)&r->q, (void **)&r->k, (void **)&r->v, (void **)&r->att, (void **)&r->scores,
         (void **)&r->kv_f32, (void **)&r->blk_scores, (void **)&r->blk_f32,
-        (void **)&r->received,
+        (void **)&r->received, (void **)&r->mla_qa, (void **)&r->mla_qf, (void **)&r->mla_in,
+        (void **)&r->mla_out, (void **)&r->mla_mm, (void **)&r->mla_v,
     };
     size_t moe = hp->n_expert > 0, K = (size_t)hp->n_expert_used;
-    size_t mlp[] = {B * hp->n_ff * 4, B * hp->n_ff * 4, moe * B * hp->dim * 4,
+    size_t mlp[] = {B * ff * 4, B * ff * 4, moe * B * hp->dim * 4,
                     moe * B * hp->dim * 4, B * hp->n_expert * 4, B * K * 4, B * K * 4,
                     B * K * 4};
     void **mlp_ptrs[] = {(void **)&r->gate, (void **)&r->up, (void **)&r->ex_in,
@@ -2554,31 +2803,201 @@ static void model_run(model_runner *r, tp_fn fn, model_step *s)
         tp_run(r->pool, fn, s);
 }
 
+/* ---- multi-head latent attention (deepseek2) ---- */
+
+/* Every head's block of a stacked matrix (attn_k_b, attn_v_b) times that head's slice of
+ * each row: out[t * out_ld + h * out_step ..] (w->rows / n_head wide) = W_h in[t * in_ld +
+ * h * in_step ..] (w->cols wide) for t < n. Heads are claimed by the pool's threads, each
+ * gathering its head's rows into its own r->mla_in and multiplying them at once on its
+ * own (a head's product is a few hundred thousand multiply-adds at decode, too small to
+ * split). */
+typedef struct model_mla_heads {
+    model_runner *r;
+    const ops_matrix *w;
+    int n;
+    const float *in;
+    size_t in_ld, in_step;
+    float *out;
+    size_t out_ld, out_step;
+    _Atomic int next_head;
+} model_mla_heads;
+
+static void model_mla_heads_job(void *p, int ith, int nth)
+{
+    model_mla_heads *j = p;
+    model_runner *r = j->r;
+    int n_head = r->m->hp.n_head, rows = j->w->rows / n_head, cols = j->w->cols;
+    float *in = r->mla_in + (size_t)ith * r->max_batch * r->mla_in_width;
+    float *out = r->mla_out + (size_t)ith * r->max_batch * r->mla_out_width;
+    void *scratch = r->mla_mm + (size_t)ith * r->mla_mm_bytes;
+    int h;
+    (void)nth;
+    while ((h = atomic_fetch_add_explicit(&j->next_head, 1, memory_order_relaxed)) < n_head) {
+        for (int t = 0; t < j->n; t++)
+            memcpy(in + (size_t)t * cols, j->in + t * j->in_ld + h * j->in_step,
+                   (size_t)cols * sizeof(float));
+        ops_matrix wh = model_rows(j->w, (int64_t)h * rows, rows);
+        ops_matmul(NULL, &wh, in, j->n, out, scratch);
+        for (int t = 0; t < j->n; t++)
+            memcpy(j->out + t * j->out_ld + h * j->out_step, out + (size_t)t * rows,
+                   (size_t)rows * sizeof(float));
+    }
+}
+
+static void model_mla_per_head(model_runner *r, const ops_matrix *w, int n, const float *in,
+                               size_t in_ld, size_t in_step, float *out, size_t out_ld,
+                               size_t out_step)
+{
+    model_mla_heads j = {.r = r, .w = w, .n = n, .in = in, .in_ld = in_ld, .in_step = in_step,
+                         .out = out, .out_ld = out_ld, .out_step = out_step};
+    atomic_store_explicit(&j.next_head, 0, memory_order_relaxed);
+    tp_run(r->pool, model_mla_heads_job, &j);
+}
+
+/* The step's n normalized rows r->xn into deepseek2's queries and latents: the heads'
+ * queries (attn_q, or attn_q_b of attn_q_a's normalized product) into r->mla_qf, the
+ * latent and the rotated part of k before RoPE into r->k, and each head's unrotated query
+ * mapped into the latent by attn_k_b as the first mla_kv_rank dimensions of its row of
+ * r->q (model_mla_kv_job adds the rotated rest). */
+static void model_mla_project(model_runner *r, const model_layer *L, int n)
+{
+    const model_hparams *hp = &r->m->hp;
+    size_t qk = (size_t)hp->mla_qk_nope + hp->rope_dims, hd = (size_t)hp->head_dim;
+    const ops_matrix *first[] = {L->wq_a.data ? &L->wq_a : &L->wq, &L->wkv_a};
+    float *first_out[] = {L->wq_a.data ? r->mla_qa : r->mla_qf, r->k};
+    ops_matmul_n(r->pool, 2, first, r->xn, n, first_out, r->mm_scratch);
+    if (L->wq_a.data) {
+        for (int t = 0; t < n; t++) {
+            float *qa = r->mla_qa + (size_t)t * hp->mla_q_rank;
+            ops_rmsnorm(qa, qa, L->q_a_norm, hp->mla_q_rank, hp->norm_eps);
+        }
+        ops_matmul(r->pool, &L->wq, r->mla_qa, n, r->mla_qf, r->mm_scratch);
+    }
+    model_mla_per_head(r, &L->wk_b, n, r->mla_qf, hp->n_head * qk, qk, r->q, hp->n_head * hd,
+                       hd);
+}
+
+/* Per row: the latent RMS-normalized and k's shared part rotated (r->k, one KV head of
+ * head_dim), written as the row's K and as its V; each head's rotated query part after
+ * its latent query in r->q. */
+static void model_mla_kv_job(void *p, int ith, int nth)
+{
+    model_step *s = p;
+    model_runner *r = s->r;
+    const model_hparams *hp = &r->m->hp;
+    const model_layer *L = s->L;
+    int hd = hp->head_dim, rank = hp->mla_kv_rank, rd = hp->rope_dims;
+    int qk = hp->mla_qk_nope + rd;
+    kv_shape shape = model_kv_shape(r->m);
+    long b, e;
+    tp_split(s->n, ith, nth, &b, &e);
+    for (long t = b; t < e; t++) {
+        float *kv = r->k + t * hd, *q = r->q + t * hp->n_head * hd;
+        const float *qf = r->mla_qf + t * hp->n_head * qk;
+        const float *cs = s->rope + t * hd;
+        ops_rmsnorm(kv, kv, L->kv_a_norm, rank, hp->norm_eps);
+        ops_rope(kv + rank, 1, rd, rd, cs, OPS_ROPE_INTERLEAVED);
+        for (int h = 0; h < hp->n_head; h++)
+            memcpy(q + h * hd + rank, qf + h * qk + hp->mla_qk_nope, (size_t)rd * sizeof(float));
+        ops_rope(q + rank, hp->n_head, hd, rd, cs, OPS_ROPE_INTERLEAVED);
+        kv_chunk *c = r->slot_chunk[t];
+        int slot = r->slot_index[t];
+        ops_f32_to_f16(kv_chunk_k_f16(c, shape, s->layer, 0) + (size_t)slot * hd, kv, hd);
+        ops_f32_to_f16(kv_chunk_v_f16(c, shape, s->layer, 0) + (size_t)slot * hd, kv, hd);
+    }
+}
+
+/* Each head's value from its attention over the latent (the first mla_kv_rank
+ * dimensions of its row of r->att) by attn_v_b, into r->mla_v: attn_output's input. */
+static void model_mla_values(model_runner *r, const model_layer *L, int n)
+{
+    const model_hparams *hp = &r->m->hp;
+    size_t hd = (size_t)hp->head_dim, v = (size_t)hp->mla_v_dim;
+    model_mla_per_head(r, &L->wv_b, n, r->att, hp->n_head * hd, hd, r->mla_v, hp->n_head * v, v);
+}
+
 /* ---- mixture of experts ---- */
 
-/* A row's experts from its router logits p (n_expert, made probabilities here): the
- * n_expert_used most probable (the lower index first on ties) into sel, first ranked
- * first, and their probabilities into w, renormalised where the model says so. */
-static void model_route(const model_hparams *hp, float *p, int32_t *sel, float *w)
+/* The best of score[0..n) that is not -inf (the lower index first on ties), or -1. */
+static int model_best_of(const float *score, int n)
+{
+    int best = -1;
+    for (int e = 0; e < n; e++)
+        if (score[e] != -INFINITY && (best < 0 || score[e] > score[best]))
+            best = e;
+    return best;
+}
+
+/* deepseek2's groups (model_hparams): the selection scores of every expert outside the
+ * n_expert_groups_used groups whose two best scores add up highest become -inf. */
+static void model_route_groups(const model_hparams *hp, float *score)
+{
+    int per = hp->n_expert / hp->n_expert_groups;
+    float group_score[MODEL_MAX_EXPERTS / 2];
+    bool keep[MODEL_MAX_EXPERTS / 2] = {false};
+    for (int g = 0; g < hp->n_expert_groups; g++) {
+        const float *s = score + (size_t)g * per;
+        int a = model_best_of(s, per), b = -1;
+        for (int e = 0; e < per; e++)
+            if (e != a && (b < 0 || s[e] > s[b]))
+                b = e;
+        group_score[g] = (a < 0 ? -INFINITY : s[a]) + s[b];
+    }
+    for (int i = 0; i < hp->n_expert_groups_used; i++) {
+        int best = model_best_of(group_score, hp->n_expert_groups);
+        if (best < 0)
+            break;
+        keep[best] = true;
+        group_score[best] = -INFINITY;
+    }
+    for (int g = 0; g < hp->n_expert_groups; g++)
+        for (int e = 0; !keep[g] && e < per; e++)
+            score[(size_t)g * per + e] = -INFINITY;
+}
+
+/* A row's experts from its router logits p (n_expert, made probabilities here: softmax,
+ * or deepseek2's sigmoid): the n_expert_used of the highest selection scores (the
+ * probabilities, plus bias where DeepSeek-V3 has it, within deepseek2's groups; the lower
+ * index first on ties) into sel, first ranked first, and their probabilities into w,
+ * renormalised and scaled where the model says so. */
+static void model_route(const model_hparams *hp, float *p, const float *bias, int32_t *sel,
+                        float *w)
 {
     int k = hp->n_expert_used;
-    ops_softmax(p, hp->n_expert);
+    float score[MODEL_MAX_EXPERTS];
+    if (hp->expert_sigmoid)
+        for (int e = 0; e < hp->n_expert; e++)
+            p[e] = 1.0f / (1.0f + expf(-p[e]));
+    else
+        ops_softmax(p, hp->n_expert);
+    for (int e = 0; e < hp->n_expert; e++)
+        score[e] = bias ? p[e] + bias[e] : p[e];
+    if (hp->n_expert_groups > 1)
+        model_route_groups(hp, score);
     float sum = 0.0f;
     for (int j = 0; j < k; j++) {
-        /* a chosen expert's probability becomes -inf, which no probability is (NaN ones
-         * from a broken file included), so that no expert is chosen twice: the scratch
-         * holds each row once per expert */
-        int best = -1;
-        for (int e = 0; e < hp->n_expert; e++)
-            if (p[e] != -INFINITY && (best < 0 || p[e] > p[best]))
-                best = e;
+        /* a chosen expert's score becomes -inf, which no score is (NaN ones from a broken
+         * file included: they fall to the first expert left), so that no expert is chosen
+         * twice: the scratch holds each row once per expert */
+        int best = model_best_of(score, hp->n_expert);
+        /* NaN group scores of a broken file may leave fewer than k: the first expert not
+         * chosen yet */
+        for (int e = 0; best < 0 && e < hp->n_expert; e++) {
+            bool chosen = false;
+            for (int i = 0; i < j; i++)
+                chosen = chosen || sel[i] == e;
+            best = chosen ? -1 : e;
+        }
         sel[j] = best;
         w[j] = p[best];
         sum += p[best];
-        p[best] = -INFINITY;
+        score[best] = -INFINITY;
     }
+    /* as llama.cpp clamps the sum (sigmoid probabilities can all be near 0) */
     for (int j = 0; hp->expert_norm && j < k; j++)
-        w[j] /= sum;
+        w[j] /= sum > 6.103515625e-5f ? sum : 6.103515625e-5f;
+    for (int j = 0; hp->expert_scale != 0.0f && j < k; j++)
+        w[j] *= hp->expert_scale;
 }
 
 /*
@@ -2600,8 +3019,8 @@ static void model_moe(model_runner *r, const model_layer *L, int n)
     for (int t = 0; L->router_b && t < n; t++)
         ops_add(r->router + (size_t)t * hp->n_expert, L->router_b, hp->n_expert);
     for (int t = 0; t < n; t++)
-        model_route(hp, r->router + (size_t)t * hp->n_expert, r->sel + (size_t)t * k,
-                    r->sel_w + (size_t)t * k);
+        model_route(hp, r->router + (size_t)t * hp->n_expert, L->exp_probs_b,
+                    r->sel + (size_t)t * k, r->sel_w + (size_t)t * k);
     memset(r->proj, 0, (size_t)n * dim * sizeof(float));
     for (int e = 0; e < hp->n_expert; e++) {
         int c = 0;
@@ -2907,20 +3326,32 @@ static void model_forward_rows(model_runner *r, int n_parts)
         s.norm_w = L->attn_norm;
         s.norm_b = L->attn_norm_b;
         model_run(r, model_norm_job, &s);
-        const ops_matrix *qkv[] = {&L->wq, &L->wk, &L->wv};
-        float *qkv_out[] = {r->q, r->k, r->v};
-        ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
-        const int qkv_slots[] = {LORA_SLOT(l, LORA_Q), LORA_SLOT(l, LORA_K), LORA_SLOT(l, LORA_V)};
-        model_lora_add(r, n_parts, 3, qkv_slots, r->xn, qkv_out);
+        /* deepseek2's adapters are refused (lora.c): its matrices are not the slots' */
+        bool mla = hp->mla_kv_rank > 0;
+        if (mla) {
+            model_mla_project(r, L, n);
+        } else {
+            const ops_matrix *qkv[] = {&L->wq, &L->wk, &L->wv};
+            float *qkv_out[] = {r->q, r->k, r->v};
+            ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
+            const int qkv_slots[] = {LORA_SLOT(l, LORA_Q), LORA_SLOT(l, LORA_K),
+                                     LORA_SLOT(l, LORA_V)};
+            model_lora_add(r, n_parts, 3, qkv_slots, r->xn, qkv_out);
+        }
         /* before the new entries are written: they may go into an existing chunk */
         for (int i = 0; i < n_parts; i++)
             if (parts[i].b->layer_ready && parts[i].t0 == 0)
                 parts[i].b->layer_ready(parts[i].b->layer_ready_arg, l);
-        model_run(r, model_qkv_job, &s);
+        model_run(r, mla ? model_mla_kv_job : model_qkv_job, &s);
         model_attention(r, &s);
-        ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
-        const int o_slot = LORA_SLOT(l, LORA_O);
-        model_lora_add(r, n_parts, 1, &o_slot, r->att, &r->proj);
+        if (mla) {
+            model_mla_values(r, L, n);
+            ops_matmul(r->pool, &L->wo, r->mla_v, n, r->proj, r->mm_scratch);
+        } else {
+            ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
+            const int o_slot = LORA_SLOT(l, LORA_O);
+            model_lora_add(r, n_parts, 1, &o_slot, r->att, &r->proj);
+        }
         for (int t = 0; L->bo && t < n; t++)
             ops_add(r->proj + (size_t)t * dim, L->bo, dim);
         if (L->attn_post_norm) {
@@ -2935,7 +3366,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
         s.norm_b = L->ffn_norm_b;
         if (!hp->parallel)
             model_run(r, model_norm_job, &s);
-        if (hp->n_expert) {
+        if (model_layer_has_experts(hp, l)) {
             model_moe(r, L, n);
         } else {
             /* starcoder2's and phi2's ungated feed-forward: up's product alone, into

@@ -99,6 +99,7 @@ enum model_arch {
     MODEL_ARCH_PHI2,
     MODEL_ARCH_SEED_OSS,
     MODEL_ARCH_HUNYUAN_DENSE,
+    MODEL_ARCH_DEEPSEEK2,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -143,7 +144,8 @@ typedef struct model_hparams {
     int n_head_kv;  /* grouped-query attention: n_head is a multiple of it */
     int head_dim;   /* attention.key_length */
     int n_ff;       /* feed-forward hidden size (with experts: the widest of an expert's
-                       and the shared expert's, what the runner's scratch holds) */
+                       and the shared expert's, what the runner's scratch holds; deepseek2:
+                       its dense layers', model_ff_max the widest) */
     /* Mixture of experts: each token's feed-forward is the weighted sum of the
      * n_expert_used experts its router ranks first, of n_expert (0: a dense model). */
     int n_expert;
@@ -211,12 +213,47 @@ typedef struct model_hparams {
                             output as attention does (no ffn_norm), both outputs added to
                             the residual stream of the layer's input */
     bool qk_norm_after_rope; /* hunyuan-dense: the per-head q/k norms of rotated q and k */
+
+    /* deepseek2's multi-head latent attention (MLA), 0 for the other architectures. Every
+     * head's keys and values are products of one latent vector per token, which is what
+     * the KV cache holds: one KV head (n_head_kv 1) of head_dim = mla_kv_rank + rope_dims,
+     * the latent (RMS-normalized) then the rotated part of k all heads share; V is the same
+     * vector, of which attention's output keeps the latent. Each head's query is mapped
+     * into the latent by its block of attn_k_b and its output out of it by attn_v_b
+     * (absorbed, as llama.cpp computes it): what it attends with is the latent's
+     * mla_kv_rank dimensions plus its rope_dims rotated ones, scaled by attn_scale =
+     * mscale^2 / sqrt(mla_qk_nope + rope_dims). */
+    int mla_q_rank;  /* attention.q_lora_rank: q from attn_q_b of the RMS-normalized
+                        attn_q_a product; 0: from attn_q (the lite models) */
+    int mla_kv_rank; /* attention.kv_lora_rank */
+    int mla_qk_nope; /* a head's unrotated query/key dimensions (key_length_mla - rope_dims) */
+    int mla_v_dim;   /* a head's value dimensions (value_length_mla) */
+    /* deepseek2's mixture of experts: the first n_dense_lead layers have a dense
+     * feed-forward of n_ff (leading_dense_block_count); the others' routing as llama.cpp
+     * computes it: probabilities by softmax or sigmoid of the router's logits
+     * (expert_gating_func), selection by them plus exp_probs_b where the file has it,
+     * within the expert_group_used_count groups of experts (of n_expert_groups) whose two
+     * best selection scores add up highest, each chosen expert weighted by its
+     * probability, renormalized (expert_norm) and times expert_scale (when not 0). */
+    int n_dense_lead;
+    bool expert_sigmoid;
+    float expert_scale;
+    int n_expert_groups;      /* 0 or 1: no groups */
+    int n_expert_groups_used;
 } model_hparams;
 
 /* The sliding window of layer l: hp->swa_window for a sliding layer, 0 (the whole
  * sequence) for the others and for every layer of a model without one. The KV of every
  * entry is kept whatever the window: it only bounds what attention reads. */
 int model_layer_window(const model_hparams *hp, int layer);
+
+/* Whether layer l's feed-forward is a mixture of experts: every layer of a model with
+ * experts but deepseek2's leading dense ones. */
+bool model_layer_has_experts(const model_hparams *hp, int layer);
+
+/* The widest feed-forward hidden size of any layer: dense, an expert's or the shared
+ * expert's (the rows of the runner's gate and up scratch). */
+int model_ff_max(const model_hparams *hp);
 
 /* Whether layer l rotates q and k (RoPE): every layer but smollm3's NoPE ones. */
 bool model_layer_rotates(const model_hparams *hp, int layer);

@@ -121,8 +121,9 @@ void ops_f32_to_f16(uint16_t *dst, const float *src, int n);
 
 /* ---- attention over f16 K/V blocks (rows of d elements, row i at k + i * d) ---- */
 
-/* Largest head dimension the attention kernels accept. */
-#define OPS_MAX_HEAD_DIM 512
+/* Largest head dimension the attention kernels accept: deepseek2's latent and rotated
+ * part, 512 + 64, is the widest published. */
+#define OPS_MAX_HEAD_DIM 576
 
 /* scores[g * stride + i] = scale * dot(q_g, k_i) for the n_q query rows q (n_q, d) that
  * share this K block, and the n_k rows of k (n_k, d). Each K row is converted once. */

@@ -33,14 +33,23 @@ prefill_estimate prefill_estimate_of(const model_hparams *hp, int rows, int attn
     size_t R = (size_t)rows, C = (size_t)ctx, T = (size_t)n_threads, F = sizeof(float);
     size_t hd = (size_t)hp->head_dim, q_dim = (size_t)hp->n_head * hd;
     size_t kv_dim = (size_t)hp->n_head_kv * hd, group = (size_t)(hp->n_head / hp->n_head_kv);
-    int max_cols = hp->dim > hp->n_ff ? hp->dim : hp->n_ff;
-    if ((int)q_dim > max_cols)
-        max_cols = (int)q_dim;
+    size_t ff = (size_t)model_ff_max(hp);
+    /* deepseek2's latent attention (model.c's runner): the queries before and after
+     * attn_q_a, a head's rows in and out per thread and their product's scratch, the
+     * heads' values */
+    size_t mla_in = (size_t)(hp->mla_qk_nope > hp->mla_kv_rank ? hp->mla_qk_nope : hp->mla_kv_rank);
+    size_t mla_out = (size_t)(hp->mla_kv_rank > hp->mla_v_dim ? hp->mla_kv_rank : hp->mla_v_dim);
+    size_t mla_qf = hp->mla_kv_rank ? (size_t)hp->n_head * (hp->mla_qk_nope + hp->rope_dims) : 0;
+    size_t mla_v = (size_t)hp->n_head * hp->mla_v_dim;
+    size_t max_cols = (size_t)hp->dim > ff ? (size_t)hp->dim : ff;
+    size_t widest[] = {q_dim, (size_t)hp->mla_q_rank, mla_in, mla_v};
+    for (size_t i = 0; i < sizeof widest / sizeof *widest; i++)
+        max_cols = widest[i] > max_cols ? widest[i] : max_cols;
     size_t stage = R < PREFILL_LOGITS_STAGE ? R : PREFILL_LOGITS_STAGE;
     kv_shape shape = {hp->n_layer, hp->n_head_kv, hp->head_dim};
 
     size_t x = R * hp->dim * F; /* the residual, the normalized input, a projection */
-    size_t mm = ops_matmul_scratch_bytes(rows, max_cols, n_threads);
+    size_t mm = ops_matmul_scratch_bytes(rows, (int)max_cols, n_threads);
     /* the rows' RoPE pairs, twice where sliding layers rotate otherwise (gemma3) */
     e.every = 3 * x + (hp->rope_swa ? 2 : 1) * R * hd * F + 2 * C * sizeof(int32_t) +
               R * PREFILL_ROW_BOOK + mm + stage * hp->n_vocab * F;
@@ -51,10 +60,12 @@ prefill_estimate prefill_estimate_of(const model_hparams *hp, int rows, int attn
     size_t blk = T * (size_t)e.attn_rows * C * F, per_row = T * group * C * F;
     size_t scores = rows < PREFILL_GEMM_MIN ? per_row : blk;
     size_t recv = T * C * F, dec = T * KV_CHUNK_TOKENS * hd * F;
-    e.attn = 2 * q + 2 * k + per_row + 2 * kf + blk + dec + recv;
+    e.attn = 2 * q + 2 * k + per_row + 2 * kf + blk + dec + recv +
+             R * (hp->mla_q_rank + mla_qf + mla_v) * F + T * R * (mla_in + mla_out) * F +
+             (mla_in ? T * ops_matmul_scratch_bytes(rows, (int)mla_in, 1) : 0);
     /* with experts also the rows of one expert in and out, the router's logits and each
      * row's choices */
-    e.mlp = 2 * R * hp->n_ff * F;
+    e.mlp = 2 * R * ff * F;
     if (hp->n_expert)
         e.mlp += 2 * x + R * (size_t)(hp->n_expert + 3 * hp->n_expert_used) * F;
     e.working = e.every + (e.attn > e.mlp ? e.attn : e.mlp);
