@@ -402,9 +402,9 @@ static int probe(models_entry *e, char err[ERR_MAX])
                               "qwen3, phi3, granite, qwen2moe, qwen3moe, olmoe, gemma, gemma2, "
                               "gemma3, olmo2, granitemoe, smollm3, exaone, exaone4, stablelm, "
                               "mistral3, glm4, chatglm, command-r, cohere2, starcoder2, phi2, "
-                              "seed_oss, hunyuan-dense, internlm2, ernie4_5, xverse, qwen2vl, "
-                              "qwen3vl, "
-                              "qwen3vlmoe, gpt-oss, bert, nomic-bert, gemma-embedding)", e->path,
+                              "seed_oss, hunyuan-dense, internlm2, ernie4_5, xverse, deepseek2, "
+                              "qwen2vl, qwen3vl, qwen3vlmoe, gpt-oss, bert, nomic-bert, "
+                              "gemma-embedding)", e->path,
                               e->arch);
     }
     if (rc == 0 && check_shapes(g, e->type, why) < 0)

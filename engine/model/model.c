@@ -1,8 +1,8 @@
 /*
  * model.c — loading a llama / qwen2 / qwen3 / phi3 / granite / gemma / gemma2 / gemma3 /
  * olmo2 / smollm3 / exaone / exaone4 / stablelm / mistral3 / glm4 / chatglm / command-r /
- * cohere2 / gpt-oss model (or a mixture of experts of llama, qwen2, qwen3, olmoe or
- * granite) from GGUF and its forward pass.
+ * cohere2 / seed_oss / hunyuan-dense / deepseek2 / gpt-oss model (or a mixture of experts of
+ * llama, qwen2, qwen3, olmoe or granite) from GGUF and its forward pass.
  *
  * Matrices are used in place from the file mapping; only the small 1-D tensors (norm
  * weights and biases) are converted into one f32 array. The forward pass works on up to
@@ -2349,6 +2349,8 @@ typedef struct model_step {
     const model_part *parts; /* (n_parts) */
     int n_parts;
     int n_item_rows;         /* rows in r->item_rows */
+    int head_split;          /* per-row attention: the query heads of a KV head in this many
+                                items (model_attention) */
     const float *norm_w;     /* model_norm_job: (dim) */
     const float *norm_b;     /* model_norm_job: (dim) a LayerNorm's bias, or NULL */
     /* attention items are claimed one by one: with causal masking later tokens cost more */
@@ -2549,7 +2551,9 @@ static void model_recv_add(model_runner *r, model_recv *a, const model_part *par
 /*
  * One (row, KV head) pair per item, over the rows of every sequence taking this path:
  * the `group` query heads sharing that KV head are done together so each K/V row is
- * converted once. Scores of every entry of the row's sequence, masked by position (and
+ * converted once (in s->head_split items of a part of them each where there are fewer
+ * pairs than threads to share them: deepseek2's one KV head of 16-128 query heads at
+ * decode would run on one thread). Scores of every entry of the row's sequence, masked by position (and
  * by the layer's window: a chunk holding nothing the row sees is not read), softmax per
  * head, then the probability-weighted sum of V rows. Compressed chunks are decoded to f32
  * once per pass (scores, then values).
@@ -2559,18 +2563,25 @@ static void model_attn_job(void *p, int ith, int nth)
     model_step *s = p;
     model_runner *r = s->r;
     const model_hparams *hp = &r->m->hp;
-    int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv;
+    int hd = hp->head_dim, heads = hp->n_head / hp->n_head_kv, split = s->head_split;
+    int part_heads = (heads + split - 1) / split;
     kv_shape shape = model_kv_shape(r->m);
     float scale = hp->attn_scale, cap = hp->attn_softcap;
     size_t stride = (size_t)r->max_kv;
-    float *scores = r->scores + (size_t)ith * group * stride; /* (group, max_kv) */
+    float *scores = r->scores + (size_t)ith * heads * stride; /* (group, max_kv) */
     float *buf = r->blk_f32 + (size_t)ith * KV_CHUNK_TOKENS * hd;
     model_recv recv = {.acc = r->received + (size_t)ith * r->max_kv};
-    long n_items = (long)s->n_item_rows * hp->n_head_kv, item;
+    long n_pairs = (long)s->n_item_rows * hp->n_head_kv, item;
     (void)nth;
-    while ((item = atomic_fetch_add_explicit(&s->next_item, 1, memory_order_relaxed)) < n_items) {
-        int t = r->item_rows[item / hp->n_head_kv], kvh = (int)(item % hp->n_head_kv);
-        int h0 = kvh * group;
+    while ((item = atomic_fetch_add_explicit(&s->next_item, 1, memory_order_relaxed)) <
+           n_pairs * split) {
+        long pair = item / split;
+        int t = r->item_rows[pair / hp->n_head_kv], kvh = (int)(pair % hp->n_head_kv);
+        int first = (int)(item % split) * part_heads;
+        int group = heads - first < part_heads ? heads - first : part_heads;
+        if (group <= 0)
+            continue;
+        int h0 = kvh * heads + first;
         const model_part *part = &s->parts[r->row_part[t]];
         const kv_seq *seq = part->seq;
         const float *q = r->q + ((size_t)t * hp->n_head + h0) * hd;   /* (group, hd) */
@@ -2714,6 +2725,11 @@ static void model_attn_gemm_job(void *p, int ith, int nth)
 static void model_attention(model_runner *r, model_step *s)
 {
     if (s->n_item_rows > 0) {
+        long pairs = (long)s->n_item_rows * r->m->hp.n_head_kv;
+        int heads = r->m->hp.n_head / r->m->hp.n_head_kv, threads = tp_n_threads(r->pool);
+        s->head_split = 1;
+        while (s->head_split < heads && pairs * s->head_split < 2L * threads)
+            s->head_split *= 2;
         atomic_store_explicit(&s->next_item, 0, memory_order_relaxed);
         tp_run(r->pool, model_attn_job, s);
     }

@@ -47,7 +47,11 @@
  * ByteDance's "seed_oss" (Seed-OSS-36B): llama's layer with NEOX RoPE, q/k/v biases and
  * the feed-forward's norm named after HF's post_attention_layernorm; Tencent's
  * "hunyuan-dense" (Hunyuan 0.5B-7B, Hunyuan-MT-7B): qwen3's layer with its q/k norms
- * after RoPE, whose base the NTK-aware rope.scaling.alpha raises. The language models of vision conversions load as their text architecture under their own
+ * after RoPE, whose base the NTK-aware rope.scaling.alpha raises; "deepseek2" (DeepSeek-V2,
+ * V2-Lite, V2.5, V3, R1, Kimi-K2, GLM-4.7-Flash, Moonlight, as llama.cpp converts them):
+ * multi-head latent attention (the mla_* hyper-parameters: the KV cache holds one latent
+ * per token), leading dense layers, then experts with ungated shared experts, routed by
+ * softmax or sigmoid, DeepSeek-V3's selection bias and expert groups. The language models of vision conversions load as their text architecture under their own
  * key prefix (model_arch_from_name): "qwen2vl" (Qwen2-VL, Qwen2.5-VL) as qwen2, "qwen3vl"
  * and "qwen3vlmoe" (Qwen3-VL) as qwen3 and qwen3moe, text only; "internlm2" (InternLM2,
  * 2.5), "ernie4_5" (ERNIE 4.5 0.3B) and "xverse" as llama. Every architecture takes q/k/v
