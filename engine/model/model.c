@@ -70,7 +70,10 @@ typedef struct model_layer {
     ops_matrix wk_b;        /* (n_head * mla_kv_rank, mla_qk_nope) attn_k_b: head h's rows
                                h * mla_kv_rank.. map its unrotated query into the latent */
     ops_matrix wv_b;        /* (n_head * mla_v_dim, mla_kv_rank) attn_v_b: head h's rows take
-                               its value out of its attention over the latent */
+                               its value out of its attention over the latent; in a file of
+                               the older converter, the value rows of attn_kv_b, head h's
+                               wv_b_stride rows after head h - 1's */
+    int wv_b_stride;
     const float *q_a_norm;  /* (mla_q_rank) attn_q_a_norm, or NULL */
     const float *kv_a_norm; /* (mla_kv_rank) attn_kv_a_norm */
     const float *exp_probs_b; /* (n_expert) DeepSeek-V3's selection bias, or NULL */
@@ -127,6 +130,10 @@ struct model {
     const lora *lora[MODEL_LORA_MAX];
     float lora_scale[MODEL_LORA_MAX]; /* the user's, times each pair's factor when applied */
     int lora_rank;           /* the largest rank of its adapters' pairs */
+    /* deepseek2 files of the older converter (one attn_kv_b per layer): every layer's
+     * attn_k_b as the newer converter writes it, the transpose of attn_kv_b's key rows, in
+     * f32 (always resident: never a streamed fragment), or NULL */
+    float *mla_k_b;          /* (n_layer, n_head, mla_kv_rank, mla_qk_nope) */
 };
 
 /* ---- loading ---- */
@@ -875,8 +882,9 @@ static int model_read_deepseek2_experts(const gguf_file *g, const char *arch, mo
  * head's query/key dimensions times mscale^2, where YaRN with yarn_log_multiplier
  * (converted as 0.1 * HF's mscale_all_dim) gives mscale = 1 + 0.1 mscale_all_dim ln(factor)
  * and leaves cos and sin unscaled (model_read_rope_scale), as HF's DeepseekV2 computes
- * it. Files of the older converter (one attn_kv_b, no key_length_mla) and Mistral Large
- * 3's attention temperature are refused.
+ * it. Files of the older converter (one attn_kv_b, no key_length_mla), which llama.cpp
+ * computes without the latent cache, are computed as the newer ones. Mistral Large 3's
+ * attention temperature is refused.
  */
 static int model_read_deepseek2(const gguf_file *g, const char *arch, model_hparams *hp,
                                 char err[ERR_MAX])
@@ -884,11 +892,6 @@ static int model_read_deepseek2(const gguf_file *g, const char *arch, model_hpar
     if (hp->arch != MODEL_ARCH_DEEPSEEK2)
         return 0;
     char key[128];
-    snprintf(key, sizeof key, "%s.attention.key_length_mla", arch);
-    if (gguf_find_key(g, key) < 0)
-        return err_set(err, "missing metadata key '%s': a deepseek2 file of the older "
-                            "converter (one attn_kv_b) is not supported; convert the model "
-                            "again with llama.cpp's convert_hf_to_gguf.py", key);
     snprintf(key, sizeof key, "%s.attention.temperature_scale", arch);
     if (gguf_find_key(g, key) >= 0)
         return err_set(err, "%s: deepseek2's attention temperature (Mistral Large 3) is not "
@@ -897,12 +900,29 @@ static int model_read_deepseek2(const gguf_file *g, const char *arch, model_hpar
     if (model_require(g, arch, "attention.kv_lora_rank", err) < 0 ||
         model_require(g, arch, "rope.dimension_count", err) < 0 ||
         model_require(g, arch, "attention.layer_norm_rms_epsilon", err) < 0 ||
+        model_require(g, arch, "attention.key_length", err) < 0 ||
+        model_require(g, arch, "attention.value_length", err) < 0 ||
         model_get_dim(g, arch, "attention.kv_lora_rank", -1, &hp->mla_kv_rank, err) < 0 ||
         model_get_dim(g, arch, "attention.q_lora_rank", 0, &hp->mla_q_rank, err) < 0 ||
-        model_get_dim(g, arch, "attention.key_length_mla", -1, &k_mla, err) < 0 ||
-        model_get_dim(g, arch, "attention.value_length_mla", -1, &hp->mla_v_dim, err) < 0 ||
         model_get_dim(g, arch, "attention.value_length", -1, &v_len, err) < 0)
         return -1;
+    /* the older converter's files (attn_kv_b) give a head's key and value lengths where
+     * the newer ones give the latent's, and have a KV head per query head: computed as the
+     * newer (model_load_mla_kv_b) */
+    snprintf(key, sizeof key, "%s.attention.key_length_mla", arch);
+    if (gguf_find_key(g, key) < 0) {
+        k_mla = hp->head_dim;
+        hp->mla_v_dim = v_len;
+        hp->head_dim = hp->mla_kv_rank + hp->rope_dims;
+        hp->n_head_kv = 1;
+        v_len = hp->mla_kv_rank;
+        if (hp->head_dim > OPS_MAX_HEAD_DIM)
+            return err_set(err, "%s.attention.kv_lora_rank %d is above %d less the rotated "
+                                "dimensions", arch, hp->mla_kv_rank, OPS_MAX_HEAD_DIM);
+    } else if (model_get_dim(g, arch, "attention.key_length_mla", -1, &k_mla, err) < 0 ||
+               model_get_dim(g, arch, "attention.value_length_mla", -1, &hp->mla_v_dim, err) < 0) {
+        return -1;
+    }
     if (hp->n_head_kv != 1)
         return err_set(err, "%s.attention.head_count_kv is %d: multi-head latent attention "
                             "has one (the latent)", arch, hp->n_head_kv);
@@ -1365,6 +1385,38 @@ static int model_load_glm4(model *m, model_layer *L, int l, char err[ERR_MAX])
     return 0;
 }
 
+/* A deepseek2 layer of the older converter: attn_kv_b (n_head * (mla_qk_nope + mla_v_dim),
+ * mla_kv_rank), each head's key rows then its value rows, as HF's kv_b_proj. The value
+ * rows are read in place (wv_b, a head every wv_b_stride rows); the key rows' transpose,
+ * which maps the queries into the latent, is copied out in f32 (m->mla_k_b). */
+static int model_load_mla_kv_b(model *m, model_layer *L, int l, char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    int nope = hp->mla_qk_nope, rank = hp->mla_kv_rank, stride = nope + hp->mla_v_dim;
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.attn_kv_b.weight", l);
+    ops_matrix kv_b;
+    if (model_matrix(m, name, (int64_t)hp->n_head * stride, rank, &kv_b, err) < 0)
+        return -1;
+    L->wv_b = model_rows(&kv_b, nope, (int64_t)hp->n_head * stride - nope);
+    L->wv_b_stride = stride;
+    float *k_b = m->mla_k_b + (size_t)l * hp->n_head * rank * nope, *row = malloc(rank * sizeof *row);
+    if (!row)
+        return err_set(err, "out of memory");
+    for (int h = 0; h < hp->n_head; h++)
+        for (int c = 0; c < nope; c++) {
+            quant_dequantize_row(kv_b.type,
+                                 (const char *)kv_b.data + ((size_t)h * stride + c) * kv_b.row_bytes,
+                                 row, rank);
+            for (int i = 0; i < rank; i++)
+                k_b[((size_t)h * rank + i) * nope + c] = row[i];
+        }
+    free(row);
+    L->wk_b = (ops_matrix){.type = QTYPE_F32, .data = k_b, .rows = hp->n_head * rank,
+                           .cols = nope, .row_bytes = (size_t)nope * sizeof(float)};
+    return 0;
+}
+
 /* deepseek2's attention tensors of layer l (model_layer), and DeepSeek-V3's selection
  * bias of its experts where the file has it. attn_k_b and attn_v_b are 3-D, a matrix per
  * head, read as one matrix of all the heads' rows (as merged experts). */
@@ -1383,16 +1435,14 @@ static int model_load_mla(model *m, model_layer *L, int l, char err[ERR_MAX])
                                err) < 0
             : model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq, err) < 0)
         return -1;
-    if (!gguf_find_tensor(m->g, NAME("attn_k_b.weight")) &&
-        gguf_find_tensor(m->g, NAME("attn_kv_b.weight")))
-        return err_set(err, "tensor '%s': deepseek2's attn_kv_b of the older converter is not "
-                            "supported; convert the model again with llama.cpp's "
-                            "convert_hf_to_gguf.py (attn_k_b and attn_v_b)", name);
-    if (model_stacked(m, NAME("attn_k_b.weight"), heads, "heads", hp->mla_kv_rank,
-                      hp->mla_qk_nope, &L->wk_b, err) < 0 ||
-        model_stacked(m, NAME("attn_v_b.weight"), heads, "heads", hp->mla_v_dim,
-                      hp->mla_kv_rank, &L->wv_b, err) < 0 ||
-        model_vector(m, NAME("attn_kv_a_norm.weight"), hp->mla_kv_rank, &L->kv_a_norm, err) < 0 ||
+    L->wv_b_stride = hp->mla_v_dim;
+    if (m->mla_k_b ? model_load_mla_kv_b(m, L, l, err) < 0
+                   : model_stacked(m, NAME("attn_k_b.weight"), heads, "heads", hp->mla_kv_rank,
+                                   hp->mla_qk_nope, &L->wk_b, err) < 0 ||
+                         model_stacked(m, NAME("attn_v_b.weight"), heads, "heads",
+                                       hp->mla_v_dim, hp->mla_kv_rank, &L->wv_b, err) < 0)
+        return -1;
+    if (        model_vector(m, NAME("attn_kv_a_norm.weight"), hp->mla_kv_rank, &L->kv_a_norm, err) < 0 ||
         model_matrix(m, NAME("attn_kv_a_mqa.weight"), hp->mla_kv_rank + hp->rope_dims, hp->dim,
                      &L->wkv_a, err) < 0)
         return -1;
@@ -1428,6 +1478,14 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     m->layers = calloc((size_t)hp->n_layer, sizeof *m->layers);
     if (!m->vecs || !m->layers)
         return err_set(err, "out of memory");
+    char key[96];
+    snprintf(key, sizeof key, "%s.attention.key_length_mla", hp->file_arch);
+    if (hp->arch == MODEL_ARCH_DEEPSEEK2 && gguf_find_key(m->g, key) < 0) {
+        size_t n = (size_t)hp->n_layer * hp->n_head * hp->mla_kv_rank * hp->mla_qk_nope;
+        m->mla_k_b = malloc(n * sizeof(float));
+        if (!m->mla_k_b)
+            return err_set(err, "out of memory for %zu bytes of attn_k_b", n * sizeof(float));
+    }
 
     /* StableLM's, StarCoder2's and Phi-2's LayerNorms have biases, Cohere's none */
     bool layer_norm = hp->norm == MODEL_NORM_LAYER && hp->arch != MODEL_ARCH_COMMAND_R &&
@@ -1725,6 +1783,7 @@ void model_free(model *m)
     gguf_close(m->owned);
     free(m->layers);
     free(m->vecs);
+    free(m->mla_k_b);
     free(m);
 }
 
@@ -2239,7 +2298,9 @@ static int model_list_frags(const model *m, model_frag *f)
         ops_matrix *w[MODEL_LAYER_MATRICES];
         int k = model_layer_matrices(&m->layers[l], true, w);
         for (int i = 0; i < k; i++)
-            f[n++] = (model_frag){w[i]->data, (size_t)w[i]->rows * w[i]->row_bytes, l, false};
+            /* a copy of the older deepseek2 files' attn_k_b is no file's page to release */
+            if (!m->mla_k_b || w[i] != &m->layers[l].wk_b)
+                f[n++] = (model_frag){w[i]->data, (size_t)w[i]->rows * w[i]->row_bytes, l, false};
     }
     return n;
 }
@@ -2822,14 +2883,15 @@ static void model_run(model_runner *r, tp_fn fn, model_step *s)
 /* ---- multi-head latent attention (deepseek2) ---- */
 
 /* Every head's block of a stacked matrix (attn_k_b, attn_v_b) times that head's slice of
- * each row: out[t * out_ld + h * out_step ..] (w->rows / n_head wide) = W_h in[t * in_ld +
- * h * in_step ..] (w->cols wide) for t < n. Heads are claimed by the pool's threads, each
+ * each row: out[t * out_ld + h * out_step ..] (rows wide) = W_h in[t * in_ld + h * in_step
+ * ..] (w->cols wide) for t < n, W_h the rows rows of w from row h * stride. Heads are claimed by the pool's threads, each
  * gathering its head's rows into its own r->mla_in and multiplying them at once on its
  * own (a head's product is a few hundred thousand multiply-adds at decode, too small to
  * split). */
 typedef struct model_mla_heads {
     model_runner *r;
     const ops_matrix *w;
+    int rows, stride; /* a head's block: rows rows of w from row h * stride */
     int n;
     const float *in;
     size_t in_ld, in_step;
@@ -2842,7 +2904,7 @@ static void model_mla_heads_job(void *p, int ith, int nth)
 {
     model_mla_heads *j = p;
     model_runner *r = j->r;
-    int n_head = r->m->hp.n_head, rows = j->w->rows / n_head, cols = j->w->cols;
+    int n_head = r->m->hp.n_head, rows = j->rows, cols = j->w->cols;
     float *in = r->mla_in + (size_t)ith * r->max_batch * r->mla_in_width;
     float *out = r->mla_out + (size_t)ith * r->max_batch * r->mla_out_width;
     void *scratch = r->mla_mm + (size_t)ith * r->mla_mm_bytes;
@@ -2852,7 +2914,7 @@ static void model_mla_heads_job(void *p, int ith, int nth)
         for (int t = 0; t < j->n; t++)
             memcpy(in + (size_t)t * cols, j->in + t * j->in_ld + h * j->in_step,
                    (size_t)cols * sizeof(float));
-        ops_matrix wh = model_rows(j->w, (int64_t)h * rows, rows);
+        ops_matrix wh = model_rows(j->w, (int64_t)h * j->stride, rows);
         ops_matmul(NULL, &wh, in, j->n, out, scratch);
         for (int t = 0; t < j->n; t++)
             memcpy(j->out + t * j->out_ld + h * j->out_step, out + (size_t)t * rows,
@@ -2860,12 +2922,13 @@ static void model_mla_heads_job(void *p, int ith, int nth)
     }
 }
 
-static void model_mla_per_head(model_runner *r, const ops_matrix *w, int n, const float *in,
-                               size_t in_ld, size_t in_step, float *out, size_t out_ld,
-                               size_t out_step)
+static void model_mla_per_head(model_runner *r, const ops_matrix *w, int rows, int stride,
+                               int n, const float *in, size_t in_ld, size_t in_step, float *out,
+                               size_t out_ld, size_t out_step)
 {
-    model_mla_heads j = {.r = r, .w = w, .n = n, .in = in, .in_ld = in_ld, .in_step = in_step,
-                         .out = out, .out_ld = out_ld, .out_step = out_step};
+    model_mla_heads j = {.r = r, .w = w, .rows = rows, .stride = stride, .n = n, .in = in,
+                         .in_ld = in_ld, .in_step = in_step, .out = out, .out_ld = out_ld,
+                         .out_step = out_step};
     atomic_store_explicit(&j.next_head, 0, memory_order_relaxed);
     tp_run(r->pool, model_mla_heads_job, &j);
 }
@@ -2889,8 +2952,8 @@ static void model_mla_project(model_runner *r, const model_layer *L, int n)
         }
         ops_matmul(r->pool, &L->wq, r->mla_qa, n, r->mla_qf, r->mm_scratch);
     }
-    model_mla_per_head(r, &L->wk_b, n, r->mla_qf, hp->n_head * qk, qk, r->q, hp->n_head * hd,
-                       hd);
+    model_mla_per_head(r, &L->wk_b, hp->mla_kv_rank, hp->mla_kv_rank, n, r->mla_qf,
+                       hp->n_head * qk, qk, r->q, hp->n_head * hd, hd);
 }
 
 /* Per row: the latent RMS-normalized and k's shared part rotated (r->k, one KV head of
@@ -2929,7 +2992,8 @@ static void model_mla_values(model_runner *r, const model_layer *L, int n)
 {
     const model_hparams *hp = &r->m->hp;
     size_t hd = (size_t)hp->head_dim, v = (size_t)hp->mla_v_dim;
-    model_mla_per_head(r, &L->wv_b, n, r->att, hp->n_head * hd, hd, r->mla_v, hp->n_head * v, v);
+    model_mla_per_head(r, &L->wv_b, hp->mla_v_dim, L->wv_b_stride, n, r->att, hp->n_head * hd,
+                       hd, r->mla_v, hp->n_head * v, v);
 }
 
 /* ---- mixture of experts ---- */
