@@ -116,18 +116,19 @@ static size_t kv_f16_block_elems(kv_shape s)
     return (size_t)KV_CHUNK_TOKENS * s.head_dim;
 }
 
-/* The block format of an integer precision. */
-static kv_quant_format kv_format(enum kv_precision p)
+/* The block format of an integer precision: K alone where V is K. */
+static kv_quant_format kv_format(kv_shape s, enum kv_precision p)
 {
-    return (kv_quant_format){kv_precision_k_bits(p), kv_precision_v_bits(p),
+    return (kv_quant_format){kv_precision_k_bits(p), s.shared_kv ? 0 : kv_precision_v_bits(p),
                              kv_precision_v_block(p)};
 }
 
 size_t kv_chunk_layer_bytes(kv_shape s, enum kv_precision p)
 {
     if (p == KV_F16)
-        return 2 * (size_t)s.n_head_kv * kv_f16_block_elems(s) * sizeof(uint16_t);
-    return (size_t)s.n_head_kv * kv_quant_block_bytes(s.head_dim, kv_format(p));
+        return (s.shared_kv ? 1 : 2) * (size_t)s.n_head_kv * kv_f16_block_elems(s) *
+               sizeof(uint16_t);
+    return (size_t)s.n_head_kv * kv_quant_block_bytes(s.head_dim, kv_format(s, p));
 }
 
 size_t kv_chunk_data_bytes(kv_shape s, enum kv_precision p)
@@ -187,6 +188,8 @@ uint16_t *kv_chunk_k_f16(const kv_chunk *c, kv_shape s, int layer, int head)
 
 uint16_t *kv_chunk_v_f16(const kv_chunk *c, kv_shape s, int layer, int head)
 {
+    if (s.shared_kv)
+        return kv_chunk_k_f16(c, s, layer, head);
     return (uint16_t *)kv_chunk_layer(c, s, layer) +
            ((size_t)s.n_head_kv + head) * kv_f16_block_elems(s);
 }
@@ -202,9 +205,17 @@ void kv_chunk_read_f32(const kv_chunk *c, kv_shape s, int layer, int head, float
             quant_dequantize_row(QTYPE_F16, kv_chunk_v_f16(c, s, layer, head), v, n);
         return;
     }
-    kv_quant_format f = kv_format(p);
-    kv_quant_decode(kv_chunk_layer(c, s, layer) + (size_t)head * kv_quant_block_bytes(s.head_dim, f),
-                    s.head_dim, f, c->n_tokens, k, v);
+    kv_quant_format f = kv_format(s, p);
+    const uint8_t *blk =
+        kv_chunk_layer(c, s, layer) + (size_t)head * kv_quant_block_bytes(s.head_dim, f);
+    if (!s.shared_kv) {
+        kv_quant_decode(blk, s.head_dim, f, c->n_tokens, k, v);
+        return;
+    }
+    /* V is K: decoded once, copied where both are asked for */
+    kv_quant_decode(blk, s.head_dim, f, c->n_tokens, k ? k : v, NULL);
+    if (k && v)
+        memcpy(v, k, (size_t)n * sizeof *v);
 }
 
 /* ---- pool ---- */
@@ -417,19 +428,21 @@ static void kv_block_write(kv_shape s, enum kv_precision p, uint8_t *sec, int he
                            const float *k, const float *v)
 {
     if (p != KV_F16) {
-        kv_quant_format f = kv_format(p);
+        kv_quant_format f = kv_format(s, p);
         kv_quant_encode(sec + (size_t)head * kv_quant_block_bytes(s.head_dim, f), s.head_dim,
                         f, n, k, v);
         return;
     }
     size_t blk = kv_f16_block_elems(s), used = (size_t)n * s.head_dim;
     uint16_t *kd = (uint16_t *)sec + (size_t)head * blk;
-    uint16_t *vd = (uint16_t *)sec + ((size_t)s.n_head_kv + head) * blk;
-    for (size_t i = 0; i < used; i++) {
+    for (size_t i = 0; i < used; i++)
         kd[i] = quant_f32_to_f16(k[i]);
-        vd[i] = quant_f32_to_f16(v[i]);
-    }
     memset(kd + used, 0, (blk - used) * sizeof *kd);
+    if (s.shared_kv)
+        return;
+    uint16_t *vd = (uint16_t *)sec + ((size_t)s.n_head_kv + head) * blk;
+    for (size_t i = 0; i < used; i++)
+        vd[i] = quant_f32_to_f16(v[i]);
     memset(vd + used, 0, (blk - used) * sizeof *vd);
 }
 

@@ -80,6 +80,10 @@ typedef struct kv_shape {
     int n_layer;
     int n_head_kv;
     int head_dim;
+    /* Each entry's V is its K (deepseek2's latent, which attention reads as both): chunks
+     * store it once, K's blocks alone, and V reads give K's values; an integer precision's
+     * V width then means nothing (its K width alone is stored). */
+    bool shared_kv;
 } kv_shape;
 
 /*
@@ -92,7 +96,8 @@ typedef struct kv_shape {
  * When every layer has the same precision, precision says which (and the data is
  * kv_chunk_data_bytes(shape, precision) bytes); otherwise it is KV_MIXED.
  * Within a layer section: for KV_F16, K then V, each (n_head_kv, KV_CHUNK_TOKENS,
- * head_dim) half floats; for the integer precisions the layout is private to kv.c. Rows
+ * head_dim) half floats (K alone for a shape with shared_kv); for the integer precisions
+ * the layout is private to kv.c. Rows
  * >= n_tokens are unused (zero after compression).
  */
 typedef struct kv_chunk {
@@ -123,7 +128,8 @@ static inline size_t kv_chunk_section_bytes(const kv_chunk *c, kv_shape shape, i
     return kv_chunk_layer_bytes(shape, (enum kv_precision)c->layer_precision[layer]);
 }
 
-/* KV_F16 chunks only: (layer, head)'s K or V block of KV_CHUNK_TOKENS rows of head_dim. */
+/* KV_F16 chunks only: (layer, head)'s K or V block of KV_CHUNK_TOKENS rows of head_dim
+ * (with shared_kv both are K's). */
 uint16_t *kv_chunk_k_f16(const kv_chunk *c, kv_shape shape, int layer, int head);
 uint16_t *kv_chunk_v_f16(const kv_chunk *c, kv_shape shape, int layer, int head);
 

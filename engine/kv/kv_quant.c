@@ -50,7 +50,7 @@ static kv_block_layout kv_layout(int head_dim, kv_quant_format f)
     l.k_par = l.k_grid + KV_GRID_U16 * sizeof(uint16_t);
     l.v_grid = l.k_par + 2 * (size_t)head_dim;
     l.v_par = l.v_grid + KV_GRID_U16 * sizeof(uint16_t);
-    l.bytes = l.v_par + 2 * (size_t)kv_v_params(head_dim, f.v_block);
+    l.bytes = f.v_bits ? l.v_par + 2 * (size_t)kv_v_params(head_dim, f.v_block) : l.v_grid;
     return l;
 }
 
@@ -181,6 +181,8 @@ void kv_quant_encode(uint8_t *dst, int head_dim, kv_quant_format f, int n_tokens
             kv_quant_put(dst + i * l.k_row, j, k_bits,
                          kv_quant_code(k[(size_t)i * head_dim + j], scale[j], min[j], top));
 
+    if (!v_bits)
+        return;
     /* V's group of element (i, j) is p = i * ng + j / KV_QUANT_V_GROUP, or 0 for the
      * block layout (ng 0) */
     int ng = f.v_block ? 0 : kv_quant_groups(head_dim);
@@ -230,7 +232,7 @@ void kv_quant_decode_scalar(const uint8_t *src, int head_dim, kv_quant_format f,
                 k[(size_t)i * head_dim + j] =
                     fmaf(scale[j], (float)kv_quant_get(src + i * l.k_row, j, k_bits), min[j]);
     }
-    if (v) {
+    if (v && v_bits) {
         int ng = kv_quant_groups(head_dim);
         kv_v_values(src, l, head_dim, f.v_block, n_tokens, min, scale);
         for (int i = 0; i < n_tokens; i++)
@@ -265,7 +267,7 @@ void kv_quant_decode(const uint8_t *src, int head_dim, kv_quant_format f, int n_
             kv_grid_values(src + l.k_grid, src + l.k_par, head_dim, min, scale);
             kv_quant_avx2_decode_k(src, l.k_row, min, scale, head_dim, f.k_bits, n_tokens, k);
         }
-        if (v) {
+        if (v && f.v_bits) {
             kv_v_values(src, l, head_dim, f.v_block, n_tokens, min, scale);
             kv_quant_avx2_decode_v(src + l.v_codes, l.v_row, min, scale, head_dim, f.v_bits,
                                    n_tokens, v);

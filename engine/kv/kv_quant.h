@@ -42,7 +42,8 @@ size_t kv_quant_row_bytes(int head_dim, int bits);
 
 /* A block's code widths and V layout. */
 typedef struct kv_quant_format {
-    int k_bits, v_bits; /* 2, 3, 4, 5, 6 or 8 */
+    int k_bits, v_bits; /* 2, 3, 4, 5, 6 or 8; v_bits 0: the block holds K alone (a shape
+                           whose V is its K, kv.h) and V is neither encoded nor decoded */
     bool v_block;       /* V on one (min, scale) for the block, not one per token group */
 } kv_quant_format;
 
@@ -53,7 +54,8 @@ size_t kv_quant_block_bytes(int head_dim, kv_quant_format f);
 void kv_quant_encode(uint8_t *dst, int head_dim, kv_quant_format f, int n_tokens,
                      const float *k, const float *v);
 
-/* Decodes the first n_tokens rows into k and v (n_tokens, head_dim); either may be NULL.
+/* Decodes the first n_tokens rows into k and v (n_tokens, head_dim); either may be NULL
+ * (v is left as it is without V's codes, v_bits 0).
  * head_dim <= KV_MAX_HEAD_DIM. Uses AVX2/FMA where the CPU has them (and LLMS_NO_SIMD is
  * not set); the result equals kv_quant_decode_scalar's bit for bit. */
 void kv_quant_decode(const uint8_t *src, int head_dim, kv_quant_format f, int n_tokens,

@@ -1910,7 +1910,7 @@ void model_output_norm(const model *m, const float *x, float *y)
 
 kv_shape model_kv_shape(const model *m)
 {
-    return (kv_shape){m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim};
+    return (kv_shape){m->hp.n_layer, m->hp.n_head_kv, m->hp.head_dim, m->hp.mla_kv_rank > 0};
 }
 
 /* ---- runner ---- */
@@ -2957,8 +2957,8 @@ static void model_mla_project(model_runner *r, const model_layer *L, int n)
 }
 
 /* Per row: the latent RMS-normalized and k's shared part rotated (r->k, one KV head of
- * head_dim), written as the row's K and as its V; each head's rotated query part after
- * its latent query in r->q. */
+ * head_dim), written as the row's K, which is its V too; each head's rotated query part
+ * after its latent query in r->q. */
 static void model_mla_kv_job(void *p, int ith, int nth)
 {
     model_step *s = p;
@@ -2981,8 +2981,8 @@ static void model_mla_kv_job(void *p, int ith, int nth)
         ops_rope(q + rank, hp->n_head, hd, rd, cs, OPS_ROPE_INTERLEAVED);
         kv_chunk *c = r->slot_chunk[t];
         int slot = r->slot_index[t];
+        /* V is K (model_kv_shape's shared_kv) */
         ops_f32_to_f16(kv_chunk_k_f16(c, shape, s->layer, 0) + (size_t)slot * hd, kv, hd);
-        ops_f32_to_f16(kv_chunk_v_f16(c, shape, s->layer, 0) + (size_t)slot * hd, kv, hd);
     }
 }
 

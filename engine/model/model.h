@@ -222,7 +222,8 @@ typedef struct model_hparams {
      * head's keys and values are products of one latent vector per token, which is what
      * the KV cache holds: one KV head (n_head_kv 1) of head_dim = mla_kv_rank + rope_dims,
      * the latent (RMS-normalized) then the rotated part of k all heads share; V is the same
-     * vector, of which attention's output keeps the latent. Each head's query is mapped
+     * vector (stored once: model_kv_shape's shared_kv), of which attention's output keeps
+     * the latent. Each head's query is mapped
      * into the latent by its block of attn_k_b and its output out of it by attn_v_b
      * (absorbed, as llama.cpp computes it): what it attends with is the latent's
      * mla_kv_rank dimensions plus its rope_dims rotated ones, scaled by attn_scale =

@@ -46,7 +46,7 @@ prefill_estimate prefill_estimate_of(const model_hparams *hp, int rows, int attn
     for (size_t i = 0; i < sizeof widest / sizeof *widest; i++)
         max_cols = widest[i] > max_cols ? widest[i] : max_cols;
     size_t stage = R < PREFILL_LOGITS_STAGE ? R : PREFILL_LOGITS_STAGE;
-    kv_shape shape = {hp->n_layer, hp->n_head_kv, hp->head_dim};
+    kv_shape shape = {hp->n_layer, hp->n_head_kv, hp->head_dim, hp->mla_kv_rank > 0};
 
     size_t x = R * hp->dim * F; /* the residual, the normalized input, a projection */
     size_t mm = ops_matmul_scratch_bytes(rows, (int)max_cols, n_threads);

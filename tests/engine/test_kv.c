@@ -4,7 +4,7 @@
 #include "engine/kv/kv.h"
 #include "tests/support/test.h"
 
-static const kv_shape SHAPE = {3, 2, 8};
+static const kv_shape SHAPE = {.n_layer = 3, .n_head_kv = 2, .head_dim = 8};
 
 static void test_chunk_layout(void)
 {
@@ -49,7 +49,7 @@ static void test_pool_cap_and_reuse(void)
     kv_chunk_free(p, c);
     CHECK_EQ(kv_pool_n_used(p), 0);
     kv_pool_free(p);
-    CHECK(kv_pool_new((kv_shape){0, 1, 1}, 0, err) == NULL);
+    CHECK(kv_pool_new((kv_shape){.n_layer = 0, .n_head_kv = 1, .head_dim = 1}, 0, err) == NULL);
 }
 
 static void test_seq_append(void)

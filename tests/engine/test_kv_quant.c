@@ -18,7 +18,8 @@
 #include "engine/quant/quant.h"
 #include "tests/support/test.h"
 
-static const kv_shape SHAPE = {3, 2, 80}; /* head_dim 80: V groups of 32, 32 and 16 */
+/* head_dim 80: V groups of 32, 32 and 16 */
+static const kv_shape SHAPE = {.n_layer = 3, .n_head_kv = 2, .head_dim = 80};
 #define HD 80
 #define BLK (KV_CHUNK_TOKENS * HD)
 
@@ -484,7 +485,7 @@ static void test_mixed_layers(void)
 
 /* ---- precision assignment ---- */
 
-static const kv_shape ASHAPE = {2, 2, 64};
+static const kv_shape ASHAPE = {.n_layer = 2, .n_head_kv = 2, .head_dim = 64};
 
 /* The documented objective (lower is better). */
 static double assignment_error(const kv_chunk_stats *st, const enum kv_precision *a, int n)
@@ -650,6 +651,62 @@ static void test_assign_layers(void)
     kv_assign_layer_precisions(ASHAPE, st, 0, 0, true, a);
 }
 
+/* A shape whose V is its K (deepseek2's latent): chunks hold K alone, half the f16 bytes
+ * and K's codes alone at an integer precision, whatever its V width; V reads give K's
+ * values at every precision, in the bounds of K's codes, alone or with K; and the
+ * assignment spends its bytes on K, as V widths cost none. */
+static void test_shared_kv(void)
+{
+    const kv_shape shared = {.n_layer = 3, .n_head_kv = 2, .head_dim = 80, .shared_kv = true};
+    char err[ERR_MAX];
+    CHECK_EQ(kv_chunk_layer_bytes(shared, KV_F16) * 2, kv_chunk_layer_bytes(SHAPE, KV_F16));
+    enum kv_precision k4v2 = kv_precision_of(4, 2), k4v8 = kv_precision_of(4, 8);
+    CHECK_EQ(kv_chunk_layer_bytes(shared, k4v2), kv_chunk_layer_bytes(shared, k4v8));
+    CHECK_EQ(kv_chunk_layer_bytes(shared, k4v2),
+             (size_t)shared.n_head_kv * kv_quant_block_bytes(HD, (kv_quant_format){4, 0, false}));
+    CHECK(kv_chunk_layer_bytes(shared, KV_INT8) < kv_chunk_layer_bytes(SHAPE, KV_INT8) * 6 / 10);
+    kv_pool *p = kv_pool_new(shared, 0, err);
+    CHECK(p);
+    static float k[BLK], v[BLK], v_only[BLK], k_ref[BLK];
+    for (int bits = 2; bits <= 8; bits++) {
+        enum kv_precision prec = kv_precision_of(bits, bits == 8 ? 2 : 8);
+        if ((int)prec < 0)
+            continue;
+        kv_chunk *c = kv_chunk_new(p, err);
+        CHECK(c);
+        c->n_tokens = 13;
+        for (int i = 0; i < c->n_tokens; i++)
+            c->tokens[i] = i, c->positions[i] = i;
+        for (int l = 0; l < shared.n_layer; l++)
+            for (int h = 0; h < shared.n_head_kv; h++) {
+                uint16_t *kd = kv_chunk_k_f16(c, shared, l, h);
+                CHECK(kv_chunk_v_f16(c, shared, l, h) == kd);
+                for (int i = 0; i < BLK; i++)
+                    kd[i] = quant_f32_to_f16(i < c->n_tokens * HD ? (1 + i % 5) * frand() : 0);
+            }
+        kv_chunk_read_f32(c, shared, 1, 1, k_ref, v);
+        CHECK(!memcmp(k_ref, v, (size_t)c->n_tokens * HD * sizeof(float)));
+        CHECK_EQ(kv_chunk_convert(p, c, prec, err), 0);
+        CHECK_EQ(kv_chunk_bytes(shared, c), (size_t)shared.n_layer * kv_chunk_layer_bytes(shared, prec));
+        kv_chunk_read_f32(c, shared, 1, 1, k, v);
+        kv_chunk_read_f32(c, shared, 1, 1, NULL, v_only);
+        size_t n = (size_t)c->n_tokens * HD * sizeof(float);
+        CHECK_MSG(!memcmp(k, v, n) && !memcmp(k, v_only, n), "%d bits", bits);
+        CHECK_MSG(worst_over_bound(k_ref, k, c->n_tokens, bits, true, false) <= 1.0, "%d bits",
+                  bits);
+        kv_chunk_free(p, c);
+    }
+    kv_pool_free(p);
+    /* the budget of int4 chunks on the shared shape gives K 4 bits */
+    kv_chunk_stats st[4];
+    for (int i = 0; i < 4; i++)
+        st[i] = (kv_chunk_stats){.density = 1, .k_spread = 1, .v_spread = 1, .vb_spread = 1};
+    enum kv_precision out[4];
+    kv_assign_precisions(shared, st, 4, 4 * kv_chunk_data_bytes(shared, KV_INT4), false, out);
+    for (int i = 0; i < 4; i++)
+        CHECK_MSG(kv_precision_k_bits(out[i]) == 4, "chunk %d: %s", i, kv_precision_name(out[i]));
+}
+
 int main(void)
 {
     RUN(test_round_trip_bounds);
@@ -663,5 +720,6 @@ int main(void)
     RUN(test_assign_limits_and_order);
     RUN(test_mixed_layers);
     RUN(test_assign_layers);
+    RUN(test_shared_kv);
     return test_finish();
 }
