@@ -3,10 +3,11 @@
  * R1, GLM-4.7-Flash): the pre-tokenizer names "deepseek-v3" (DeepSeek-V3, R1) and
  * "joyai-llm" (JoyAI-LLM-Flash), which llama.cpp gives hunyuan-dense's regexes, and the
  * chat templates of their GGUF files. The pre-tokenizers give llama.cpp's ids on the GPT-2
- * vocabulary of the shared test data (their own vocabularies are not in it); the
- * templates are detected as llama.cpp's llm_chat_detect_template detects them: DeepSeek-V2
- * and V2-Lite-Chat's "User: "/"Assistant: " one as deepseek2, DeepSeek-V3's and R1's as
- * deepseek3, GLM-4.7-Flash's as chatglm4; deepseek2's prompt is llama.cpp's (2026-04,
+ * vocabulary of the shared test data (their own vocabularies are not in it), '~' a symbol
+ * as in llama.cpp since August 2026. The templates are detected as llama.cpp's
+ * llm_chat_detect_template detects them: DeepSeek-V2's and V2-Lite-Chat's "User: " /
+ * "Assistant: " one as deepseek2, DeepSeek-V3's as deepseek3 (R1's has the same
+ * markers), GLM-4.7-Flash's as chatglm4; deepseek2's prompt is llama.cpp's (2026-04,
  * llama_chat_apply_template).
  */
 #include <stdio.h>
@@ -22,7 +23,7 @@
  * ideographs and kana in runs of their own, a letter run after one ASCII punctuation mark,
  * marks with their letters, Hangul as letters, line breaks apart; the ids are llama.cpp's
  * (2026-04, llama_tokenize with add_special and parse_special) on the same files, the same
- * for both names. */
+ * for both names, but for '~' (below). */
 static void test_pre_tokenizers(void)
 {
     const char *src = test_data_path("vocab/ggml-vocab-gpt-2.gguf");
@@ -50,6 +51,11 @@ static void test_pre_tokenizers(void)
          {47991, 250, 166, 113, 255, 168, 244, 112, 220, 169, 227, 235, 168, 232,
           97,    169, 232, 116, 168, 247, 222, 3594, 220, 169, 246, 120, 47991, 102}},
         {"line one\r\nline two\r\n\r", 9, {1370, 530, 201, 198, 1370, 734, 201, 198, 201}},
+        /* '~' is a symbol (Unicode's Sm) that a space goes with, as in DeepSeek's own
+         * tokenizer and llama.cpp since August 2026 (its pull request 26972); the April
+         * build that gave the ids above left it out of \p{S} and split " ~" in two */
+        {"cd ~/src && echo ~ [rio@rapidio ~]$", 15,
+         {10210, 47795, 10677, 11405, 9809, 5299, 685, 27250, 31, 2416, 312, 952, 5299, 60, 3}},
     };
     static const char *const names[] = {"deepseek-v3", "joyai-llm"};
     for (size_t k = 0; k < sizeof names / sizeof *names; k++) {
