@@ -49,6 +49,7 @@ static const char *const family_names[] = {
     [CHAT_HUNYUAN_DENSE] = "hunyuan-dense",
     [CHAT_CHATGLM3] = "chatglm3",
     [CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
+    [CHAT_DEEPSEEK2] = "deepseek2",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
@@ -215,6 +216,9 @@ enum chat_family chat_detect(const char *t)
         return CHAT_COMMAND_R;
     if (strstr(t, "<|start_header_id|>") && strstr(t, "<|end_header_id|>"))
         return CHAT_LLAMA3;
+    /* DeepSeek-V2's reply, as llama.cpp recognises it (before deepseek3, as it does) */
+    if (strstr(t, "'Assistant: ' + message['content'] + eos_token"))
+        return CHAT_DEEPSEEK2;
     if (strstr(t, "<｜Assistant｜>") && strstr(t, "<｜User｜>") &&
         strstr(t, "<｜end▁of▁sentence｜>"))
         return CHAT_DEEPSEEK3;
@@ -249,6 +253,7 @@ const char *chat_stop_text(enum chat_family f)
     case CHAT_FALCON3:
         return "<|endoftext|>";
     case CHAT_DEEPSEEK3:
+    case CHAT_DEEPSEEK2:
         return "<｜end▁of▁sentence｜>";
     case CHAT_OPENCHAT:
         return "<|end_of_turn|>";
@@ -445,6 +450,8 @@ static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
                       {"\n", "\n", "\n"}, "<|assistant|>\n", ""},
     [CHAT_DEEPSEEK3] = {{"", "<｜User｜>", "<｜Assistant｜>"},
                         {"\n\n", "", "<｜end▁of▁sentence｜>"}, "<｜Assistant｜>", ""},
+    [CHAT_DEEPSEEK2] = {{"", "User: ", "Assistant: "},
+                        {"\n\n", "\n\n", "<｜end▁of▁sentence｜>"}, "Assistant:", ""},
     /* OpenChat's own template writes "GPT4 Correct System: "; llama.cpp follows the
      * authors' advice of a bare system message */
     [CHAT_OPENCHAT] = {{"", "GPT4 Correct User: ", "GPT4 Correct Assistant: "},

@@ -154,10 +154,14 @@ enum chat_family {
      * mistral-v7-tekken; chosen by name only, as llama.cpp detects mistral-v7 for every
      * [SYSTEM_PROMPT] template */
     CHAT_MISTRAL_V7_TEKKEN,
+    /* "sys\n\nUser: user\n\nAssistant: assistant<｜end▁of▁sentence｜>" (DeepSeek-V2-Chat,
+     * V2-Lite-Chat), the generation prompt "Assistant:", as llama.cpp's deepseek2 format
+     * and their template, which writes eos_token, this text, after a reply */
+    CHAT_DEEPSEEK2,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_MISTRAL_V7_TEKKEN + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_DEEPSEEK2 + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
@@ -176,7 +180,8 @@ enum chat_family {
  * Mode" line) smollm3; "<start_of_turn>" is gemma; "[|system|]", "[|assistant|]" and
  * "[|endofturn|]" exaone3; "<|start|>" with "<|channel|>" and "<|message|>" is gpt-oss;
  * "[gMASK]<sop>" is chatglm4, or glm-z1 where the generation prompt opens a think block
- * ("<|assistant|>\n<think>"); "<|START_OF_TURN_TOKEN|>" with "<|USER_TOKEN|>" command-r.
+ * ("<|assistant|>\n<think>"); "<|START_OF_TURN_TOKEN|>" with "<|USER_TOKEN|>" command-r;
+ * "'Assistant: ' + message['content'] + eos_token" deepseek2.
  * NULL or anything else gives CHAT_PLAIN.
  */
 enum chat_family chat_detect(const char *template_text);
@@ -199,7 +204,7 @@ const char *chat_family_name(enum chat_family f);
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
     "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma|" \
     "exaone3|smollm3|gpt-oss|chatglm4|glm-z1|command-r|seed_oss|hunyuan-dense|chatglm3|"    \
-    "mistral-v7-tekken"
+    "mistral-v7-tekken|deepseek2"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */

@@ -37,8 +37,9 @@
 #define RE_SEED_CODER                                        \
     RE_CONTRACTIONS "|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}" \
     "| ?[^" RE_WS "\\p{L}\\p{N}]+|" RE_S "*[\\r\\n]+|" RE_S "+(?!" RE_NS ")|" RE_S "+"
-/* Hunyuan's dense models': digits in threes, runs of CJK ideographs and kana, then words
- * (a letter run may start with one ASCII punctuation mark), punctuation and symbols */
+/* Hunyuan's dense models', DeepSeek-V3's and JoyAI-LLM's: digits in threes, runs of CJK
+ * ideographs and kana, then words (a letter run may start with one ASCII punctuation
+ * mark), punctuation and symbols */
 #define RE_HUNYUAN_KANJI_KANA "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+"
 #define RE_HUNYUAN_WORDS                                                     \
     "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"                        \
@@ -100,7 +101,11 @@ static const pre_tokenizer pre_tokenizers[] = {
     {{"glm4", "chatglm-bpe"}, {RE_LLAMA3}, false, false},
     {{"qwen2", "deepseek-r1-qwen", "stablelm2", "megrez"}, {RE_QWEN2}, false, false},
     {{"seed-coder"}, {RE_SEED_CODER}, false, false},
-    {{"hunyuan-dense"}, {"\\p{N}{1,3}", RE_HUNYUAN_KANJI_KANA, RE_HUNYUAN_WORDS}, false, false},
+    /* deepseek-v3: DeepSeek-V3 and R1; joyai-llm: JoyAI-LLM-Flash */
+    {{"hunyuan-dense", "deepseek-v3", "joyai-llm"},
+     {"\\p{N}{1,3}", RE_HUNYUAN_KANJI_KANA, RE_HUNYUAN_WORDS},
+     false,
+     false},
     {{"deepseek-llm"},
      {"[\r\n]", RE_S "?[" RE_DEEPSEEK_LETTERS "]+",
       RE_S "?[!-/:-~\\x{FF01}-\\x{FF0F}\\x{FF1A}-\\x{FF5E}\\x{2018}-\\x{201F}\\x{3000}-\\x{3002}]+",

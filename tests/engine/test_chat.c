@@ -724,6 +724,11 @@ static const struct {
      "[gMASK]sop<|system|>\n You are a helpful assistant<|user|>\n Hello<|assistant|>\n Hi "
      "there<|user|>\n Who are you<|assistant|>\n    I am an assistant   <|user|>\n Another "
      "question<|assistant|>"},
+    /* llama.cpp's LLM_CHAT_TEMPLATE_DEEPSEEK_2 (its llama_chat_apply_template's output) */
+    {CHAT_DEEPSEEK2,
+     "You are a helpful assistant\n\nUser: Hello\n\nAssistant: Hi there<｜end▁of▁sentence｜>"
+     "User: Who are you\n\nAssistant:    I am an assistant   <｜end▁of▁sentence｜>User: "
+     "Another question\n\nAssistant:"},
 };
 
 static void formats_match_llama_cpp(void)
