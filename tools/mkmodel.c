@@ -4,8 +4,8 @@
  *   mkmodel -o OUT.gguf
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
  *                  |olmo2|granitemoe|smollm3|exaone|stablelm|mistral3|exaone4|glm4|chatglm
- *                  |command-r|cohere2|starcoder2|phi2|seed_oss|hunyuan-dense|gpt-oss|bert
- *                  |nomic-bert|gemma-embedding
+ *                  |command-r|cohere2|starcoder2|phi2|seed_oss|hunyuan-dense|gpt-oss|deepseek2
+ *                  |bert|nomic-bert|gemma-embedding
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]
  *            [--expert-type mxfp4|type]]
@@ -29,6 +29,15 @@
  *                                   have 8, applied to the global layers)
  *           [--dense N]   (gemma-embedding: dense_2 and dense_3 through N features, as
  *                          EmbeddingGemma's 3072; default none)
+ *           deepseek2 (DeepSeek-V2/V3's latent attention; --experts, --experts-used,
+ *           --expert-ffn and --shared-experts required, --ffn the dense layers'):
+ *           --kv-lora R --qk-nope N --qk-rope N --v-head N [--q-lora R]  (q_lora_rank;
+ *                                   default none: V2-Lite's attn_q)
+ *           [--shared-experts N] [--dense-lead N] [--gating softmax|sigmoid]
+ *           [--norm-weights] [--weights-scale F] [--expert-groups G --groups-used U]
+ *           [--exp-probs-b]   (V3's selection bias)
+ *           [--yarn-factor F [--mscale-all-dim M] [--rope-orig-ctx N]]   (V2's YaRN;
+ *                                   original context default C / F)
  *   mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)
  *           [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...
  *   mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A] [--type f32|f16|bf16|q8_0]
@@ -101,8 +110,8 @@ static void usage(FILE *out)
             "               --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|\n"
             "                      gemma|gemma2|gemma3|olmo2|granitemoe|smollm3|exaone|\n"
             "                      stablelm|mistral3|exaone4|glm4|chatglm|command-r|cohere2|\n"
-            "                      starcoder2|phi2|seed_oss|hunyuan-dense|gpt-oss|bert|\n"
-            "                      nomic-bert|gemma-embedding\n"
+            "                      starcoder2|phi2|seed_oss|hunyuan-dense|gpt-oss|deepseek2|\n"
+            "                      bert|nomic-bert|gemma-embedding\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]\n"
             "                [--expert-type mxfp4|type]]\n"
@@ -125,7 +134,8 @@ static void usage(FILE *out)
             "               chatglm's half)\n"
             "               [--rope-orig-ctx N]  (phi3: LongRoPE's long and short factors,\n"
             "               original context N; the long ones apply above it; mistral3:\n"
-            "               YaRN's original context, default C / 16)\n"
+            "               YaRN's original context, default C / 16; deepseek2: YaRN's,\n"
+            "               default C / --yarn-factor)\n"
             "               [--sliding-window W]  (phi3: default none; gemma2/gemma3/gpt-oss/\n"
             "               cohere2: default 4096 / 1024 / 128 / 4096; exaone4: default\n"
             "               none, with W the 32B's hybrid attention, every fourth layer\n"
@@ -134,6 +144,14 @@ static void usage(FILE *out)
             "               [--rope-linear F]  (linear rope scaling; gemma3: global layers)\n"
             "               [--dense N]  (gemma-embedding: dense_2 and dense_3 through N\n"
             "               features; default none; gemma-embedding's window defaults to 512)\n"
+            "               deepseek2 (latent attention; --experts, --experts-used,\n"
+            "               --expert-ffn and --shared-experts required, --ffn the dense\n"
+            "               layers'): --kv-lora R --qk-nope N --qk-rope N --v-head N\n"
+            "               [--q-lora R]  (default none: V2-Lite's attn_q)\n"
+            "               [--shared-experts N] [--dense-lead N] [--gating softmax|sigmoid]\n"
+            "               [--norm-weights] [--weights-scale F]\n"
+            "               [--expert-groups G --groups-used U] [--exp-probs-b]\n"
+            "               [--yarn-factor F [--mscale-all-dim M]]  (V2's YaRN)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)\n"
             "               [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...\n"
             "       mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A]\n"
@@ -240,6 +258,14 @@ int main(int argc, char **argv)
             p.tie_output = true;
             continue;
         }
+        if (!strcmp(a, "--norm-weights")) {
+            p.expert_weights_norm = true;
+            continue;
+        }
+        if (!strcmp(a, "--exp-probs-b")) {
+            p.exp_probs_b = true;
+            continue;
+        }
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
             return 0;
@@ -339,6 +365,35 @@ int main(int argc, char **argv)
             p.rope_linear = float_arg(a, v);
         else if (!strcmp(a, "--from"))
             from = v;
+        else if (!strcmp(a, "--q-lora"))
+            p.q_lora_rank = int_arg(a, v);
+        else if (!strcmp(a, "--kv-lora"))
+            p.kv_lora_rank = int_arg(a, v);
+        else if (!strcmp(a, "--qk-nope"))
+            p.qk_nope_dim = int_arg(a, v);
+        else if (!strcmp(a, "--qk-rope"))
+            p.qk_rope_dim = int_arg(a, v);
+        else if (!strcmp(a, "--v-head"))
+            p.v_head_dim = int_arg(a, v);
+        else if (!strcmp(a, "--shared-experts"))
+            p.n_expert_shared = int_arg(a, v);
+        else if (!strcmp(a, "--dense-lead"))
+            p.n_dense_lead = int_arg(a, v);
+        else if (!strcmp(a, "--gating")) {
+            p.expert_gating = !strcmp(v, "softmax") ? 1 : !strcmp(v, "sigmoid") ? 2 : 0;
+            if (!p.expert_gating)
+                bad_usage("--gating: '%s' is not softmax or sigmoid", v);
+        }
+        else if (!strcmp(a, "--weights-scale"))
+            p.expert_weights_scale = float_arg(a, v);
+        else if (!strcmp(a, "--expert-groups"))
+            p.n_expert_groups = int_arg(a, v);
+        else if (!strcmp(a, "--groups-used"))
+            p.n_expert_groups_used = int_arg(a, v);
+        else if (!strcmp(a, "--yarn-factor"))
+            p.yarn_factor = float_arg(a, v);
+        else if (!strcmp(a, "--mscale-all-dim"))
+            p.yarn_mscale_all_dim = float_arg(a, v);
         else
             bad_usage("unknown option '%s'", a);
     }

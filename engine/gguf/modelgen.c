@@ -173,6 +173,8 @@ static bool modelgen_more_bits(int layer, int n_layer)
     return layer < n_layer / 8 || layer >= 7 * n_layer / 8 || (layer - n_layer / 8) % 3 == 2;
 }
 
+static uint32_t modelgen_fallback_type(uint32_t t, int64_t cols);
+
 uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, int64_t cols,
                            int n_layer, int n_gqa, bool has_output)
 {
@@ -214,6 +216,12 @@ uint32_t modelgen_mix_type(modelgen_mix mix, uint32_t type, const char *name, in
             : mix == MODELGEN_MIX_Q5_K_M    ? QTYPE_Q6_K
                                             : t;
     }
+    return modelgen_fallback_type(t, cols);
+}
+
+/* llama-quantize's fallbacks for type t where rows of cols are not whole blocks of it. */
+static uint32_t modelgen_fallback_type(uint32_t t, int64_t cols)
+{
     if (cols % quant_traits_of(t)->block_size == 0)
         return t;
     switch (t) {
@@ -257,6 +265,10 @@ static int modelgen_set_types(const modelgen_params *p, modelgen_tensor *ts, int
         else
             t->type = modelgen_mix_type(p->mix, p->type, t->name, t->ne[0], p->n_layer,
                                         p->n_head / p->n_head_kv, has_output);
+        /* deepseek2's attn_k_b rows of qk_nope_dim and the like, as llama-quantize falls
+         * back */
+        if (!strcmp(p->arch, "deepseek2"))
+            t->type = modelgen_fallback_type(t->type, t->ne[0]);
         const quant_traits *tr = quant_traits_of(t->type);
         if (!tr->computable)
             return err_set(err, "%s: type %s is not supported", t->name, tr->name);
@@ -285,7 +297,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
                                         "granitemoe", "smollm3", "exaone", "stablelm",
                                         "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
                                         "command-r", "cohere2", "starcoder2", "phi2",
-                                        "seed_oss", "hunyuan-dense"};
+                                        "seed_oss", "hunyuan-dense", "deepseek2"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -313,8 +325,62 @@ static int modelgen_write_swa_pattern(gguf_writer *w, const char *key, int n_lay
     return rc;
 }
 
+/* deepseek2's shape (modelgen.h); its own checks in place of the others' (its heads have
+ * no head_dim, its KV heads are one). */
+static int modelgen_check_deepseek2(const modelgen_params *p, char err[ERR_MAX])
+{
+    const quant_traits *tr = quant_traits_of(p->type);
+    if (!tr || !tr->computable)
+        return err_set(err, "weight type %u is not supported", p->type);
+    if (p->dim <= 0 || p->n_layer <= 0 || p->n_head <= 0 || p->n_ff <= 0 || p->n_ctx <= 0 ||
+        p->kv_lora_rank <= 0 || p->qk_nope_dim <= 0 || p->v_head_dim <= 0 ||
+        p->q_lora_rank < 0 || p->n_ff_exp < 0)
+        return err_set(err, "dimensions must be positive (q_lora_rank, n_ff_exp >= 0)");
+    if (p->qk_rope_dim <= 0 || p->qk_rope_dim % 2)
+        return err_set(err, "deepseek2's rotary dimensions %d must be positive and even",
+                       p->qk_rope_dim);
+    if (p->n_expert <= 0 || p->n_expert_used <= 0 || p->n_expert_used > p->n_expert ||
+        p->n_expert_shared <= 0)
+        return err_set(err, "deepseek2 needs experts, 1 to all of them used, and a shared "
+                            "one");
+    if (p->n_dense_lead < 0 || p->n_dense_lead > p->n_layer)
+        return err_set(err, "leading dense layers %d are not in 0..%d", p->n_dense_lead,
+                       p->n_layer);
+    if (p->expert_gating < 0 || p->expert_gating > 2)
+        return err_set(err, "expert gating %d is not 0 (unwritten), 1 (softmax) or 2 (sigmoid)",
+                       p->expert_gating);
+    int g = p->n_expert_groups, gu = p->n_expert_groups_used;
+    if ((g || gu) && (g < 2 || p->n_expert % g || p->n_expert / g < 2 || gu <= 0 || gu >= g ||
+                      p->n_expert_used > gu * (p->n_expert / g)))
+        return err_set(err, "expert groups %d (used %d) must divide the %d experts into groups "
+                            "of 2 or more, 0 < used < groups, holding the %d used", g, gu,
+                       p->n_expert, p->n_expert_used);
+    if (!(p->expert_weights_scale >= 0) || !(p->yarn_factor >= 0) ||
+        !(p->yarn_mscale_all_dim >= 0) || (p->yarn_mscale_all_dim > 0 && !p->yarn_factor))
+        return err_set(err, "expert weights scale, YaRN factor and mscale_all_dim must not be "
+                            "negative, mscale_all_dim only with a factor");
+    if (p->rope_orig_ctx < 0 || (p->rope_orig_ctx && !p->yarn_factor) ||
+        p->rope_orig_ctx > p->n_ctx)
+        return err_set(err, "an original context is YaRN's, in [0, n_ctx]");
+    if (p->tie_output || p->mxfp4_experts || p->head_dim || p->rope_dims || p->pooling_type ||
+        p->n_dense || p->sliding_window || p->rope_linear || p->attn_softcap ||
+        p->final_softcap || p->n_ff_shexp)
+        return err_set(err, "deepseek2 has no tied output, MXFP4 experts, head_dim, rope_dims, "
+                            "pooling, dense head, window, linear RoPE, soft-caps or n_ff_shexp");
+    return 0;
+}
+
 static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
+    if (p->arch && !strcmp(p->arch, "deepseek2"))
+        return modelgen_check_deepseek2(p, err);
+    if (p->q_lora_rank || p->kv_lora_rank || p->qk_nope_dim || p->qk_rope_dim || p->v_head_dim ||
+        p->n_expert_shared || p->n_dense_lead || p->expert_gating || p->expert_weights_norm ||
+        p->expert_weights_scale || p->n_expert_groups || p->n_expert_groups_used ||
+        p->exp_probs_b || p->yarn_factor || p->yarn_mscale_all_dim)
+        return err_set(err, "latent attention, shared expert counts, dense leading layers, "
+                            "expert gating, weights, groups and biases and YaRN factors are "
+                            "deepseek2's");
     bool nomic = strcmp(p->arch, "nomic-bert") == 0, bert = nomic || !strcmp(p->arch, "bert");
     bool gemma_embed = !strcmp(p->arch, "gemma-embedding");
     bool phi3 = !strcmp(p->arch, "phi3");
@@ -556,6 +622,120 @@ static int modelgen_write_gemma_embed(const modelgen_params *p, gguf_writer *w, 
     return rc;
 }
 
+/* deepseek2 as llama.cpp's converter writes it (names, metadata; see modelgen.h). */
+static int modelgen_write_deepseek2(const modelgen_params *p, gguf_writer *w, int n_vocab,
+                                    const char *path, char err[ERR_MAX])
+{
+    int64_t d = p->dim, nh = p->n_head, kv_lora = p->kv_lora_rank, q_lora = p->q_lora_rank;
+    int64_t nope = p->qk_nope_dim, rope = p->qk_rope_dim, vd = p->v_head_dim;
+    int64_t ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff, ff_sh = ff_exp * p->n_expert_shared;
+    int orig_ctx = p->rope_orig_ctx ? p->rope_orig_ctx
+                                    : (int)((float)p->n_ctx / (p->yarn_factor ? p->yarn_factor
+                                                                              : 1.0f));
+    char key[96];
+#define KEY(s) (snprintf(key, sizeof key, "deepseek2." s), key)
+#define U32(s, v) (gguf_writer_set_u32(w, KEY(s), (uint32_t)(v)) < 0)
+    if (gguf_writer_set_str(w, "general.architecture", "deepseek2") < 0 ||
+        gguf_writer_set_str(w, "general.name", "random weights (mkmodel)") < 0 ||
+        U32("vocab_size", n_vocab) || U32("context_length", p->n_ctx) ||
+        U32("embedding_length", d) || U32("block_count", p->n_layer) ||
+        U32("feed_forward_length", p->n_ff) || U32("attention.head_count", nh) ||
+        U32("attention.head_count_kv", 1) ||
+        gguf_writer_set_f32(w, KEY("rope.freq_base"), 10000.0f) < 0 ||
+        gguf_writer_set_f32(w, KEY("attention.layer_norm_rms_epsilon"), 1e-6f) < 0 ||
+        U32("expert_count", p->n_expert) || U32("expert_used_count", p->n_expert_used) ||
+        (p->n_expert_groups && (U32("expert_group_count", p->n_expert_groups) ||
+                                U32("expert_group_used_count", p->n_expert_groups_used))) ||
+        (p->expert_gating && U32("expert_gating_func", p->expert_gating)) ||
+        U32("leading_dense_block_count", p->n_dense_lead) ||
+        (q_lora && U32("attention.q_lora_rank", q_lora)) ||
+        U32("attention.kv_lora_rank", kv_lora) ||
+        U32("attention.key_length", kv_lora + rope) || U32("attention.value_length", kv_lora) ||
+        U32("attention.key_length_mla", nope + rope) || U32("attention.value_length_mla", vd) ||
+        U32("expert_feed_forward_length", ff_exp) ||
+        U32("expert_shared_count", p->n_expert_shared) ||
+        (p->expert_weights_scale > 0 &&
+         gguf_writer_set_f32(w, KEY("expert_weights_scale"), p->expert_weights_scale) < 0) ||
+        (p->expert_weights_norm && gguf_writer_set_bool(w, KEY("expert_weights_norm"), true) < 0) ||
+        U32("rope.dimension_count", rope) ||
+        (p->yarn_factor > 0 &&
+         (gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn") < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.factor"), p->yarn_factor) < 0 ||
+          U32("rope.scaling.original_context_length", orig_ctx > 0 ? orig_ctx : 1) ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f) < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f) < 0)) ||
+        (p->yarn_mscale_all_dim > 0 &&
+         gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"),
+                             0.1f * p->yarn_mscale_all_dim) < 0))
+        return err_set(err, "cannot set metadata");
+#undef U32
+#undef KEY
+    int n_t = 0;
+    /* token_embd, output_norm, output; at most 18 per layer */
+    modelgen_tensor *ts = calloc((size_t)(3 + p->n_layer * 18), sizeof *ts);
+    if (!ts)
+        return err_set(err, "out of memory");
+    float s_dim = 1.0f / sqrtf((float)d), s_kv = 1.0f / sqrtf((float)kv_lora);
+    modelgen_add(ts, &n_t, "token_embd.weight", 2, d, n_vocab, p->type, s_dim, 0.0f);
+    modelgen_add(ts, &n_t, "output_norm.weight", 1, d, 1, 0, 0.1f, 1.0f);
+    modelgen_add(ts, &n_t, "output.weight", 2, d, n_vocab, p->type, s_dim, 0.0f);
+    for (int l = 0; l < p->n_layer; l++) {
+        char nm[64];
+#define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
+        modelgen_add(ts, &n_t, N("attn_norm.weight"), 1, d, 1, 0, 0.1f, 1.0f);
+        if (q_lora) {
+            modelgen_add(ts, &n_t, N("attn_q_a_norm.weight"), 1, q_lora, 1, 0, 0.1f, 1.0f);
+            modelgen_add(ts, &n_t, N("attn_q_a.weight"), 2, d, q_lora, p->type, s_dim, 0.0f);
+            modelgen_add(ts, &n_t, N("attn_q_b.weight"), 2, q_lora, nh * (nope + rope), p->type,
+                         1.0f / sqrtf((float)q_lora), 0.0f);
+        } else {
+            modelgen_add(ts, &n_t, N("attn_q.weight"), 2, d, nh * (nope + rope), p->type, s_dim,
+                         0.0f);
+        }
+        modelgen_add(ts, &n_t, N("attn_kv_a_norm.weight"), 1, kv_lora, 1, 0, 0.1f, 1.0f);
+        modelgen_add(ts, &n_t, N("attn_kv_a_mqa.weight"), 2, d, kv_lora + rope, p->type, s_dim,
+                     0.0f);
+        /* per head: k_nope = W^T c and v = W c of the latent c (kv_lora_rank elements) */
+        modelgen_add(ts, &n_t, N("attn_k_b.weight"), 3, nope, kv_lora, p->type, s_kv, 0.0f);
+        ts[n_t - 1].ne[2] = nh;
+        modelgen_add(ts, &n_t, N("attn_v_b.weight"), 3, kv_lora, vd, p->type, s_kv, 0.0f);
+        ts[n_t - 1].ne[2] = nh;
+        modelgen_add(ts, &n_t, N("attn_output.weight"), 2, nh * vd, d, p->type,
+                     1.0f / sqrtf((float)(nh * vd)), 0.0f);
+        modelgen_add(ts, &n_t, N("ffn_norm.weight"), 1, d, 1, 0, 0.1f, 1.0f);
+        if (l < p->n_dense_lead) {
+            modelgen_add(ts, &n_t, N("ffn_gate.weight"), 2, d, p->n_ff, p->type, s_dim, 0.0f);
+            modelgen_add(ts, &n_t, N("ffn_up.weight"), 2, d, p->n_ff, p->type, s_dim, 0.0f);
+            modelgen_add(ts, &n_t, N("ffn_down.weight"), 2, p->n_ff, d, p->type,
+                         1.0f / sqrtf((float)p->n_ff), 0.0f);
+            continue;
+        }
+        modelgen_add(ts, &n_t, N("ffn_gate_inp.weight"), 2, d, p->n_expert, QTYPE_F32, s_dim,
+                     0.0f);
+        /* the spread of the router's probabilities (softmax ~1/n_expert, sigmoid ~0.2) */
+        if (p->exp_probs_b)
+            modelgen_add(ts, &n_t, N("exp_probs_b.bias"), 1, p->n_expert, 1, 0, 0.1f, 0.0f);
+        static const char *const exps[3] = {"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"};
+        for (int k = 0; k < 3; k++) {
+            snprintf(nm, sizeof nm, "blk.%d.%s.weight", l, exps[k]);
+            modelgen_add(ts, &n_t, nm, 3, k < 2 ? d : ff_exp, k < 2 ? ff_exp : d, p->type,
+                         k < 2 ? s_dim : 1.0f / sqrtf((float)ff_exp), 0.0f);
+            ts[n_t - 1].ne[2] = p->n_expert;
+        }
+        modelgen_add(ts, &n_t, N("ffn_gate_shexp.weight"), 2, d, ff_sh, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("ffn_up_shexp.weight"), 2, d, ff_sh, p->type, s_dim, 0.0f);
+        modelgen_add(ts, &n_t, N("ffn_down_shexp.weight"), 2, ff_sh, d, p->type,
+                     1.0f / sqrtf((float)ff_sh), 0.0f);
+#undef N
+    }
+    /* the file's one KV head, for the mixes' attn_v rules */
+    modelgen_params tp = *p;
+    tp.n_head_kv = 1;
+    int rc = modelgen_set_types(&tp, ts, n_t, err) < 0 ? -1 : modelgen_emit(p, w, ts, n_t, path, err);
+    free(ts);
+    return rc;
+}
+
 int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX])
 {
     if (modelgen_check(p, err) < 0)
@@ -643,6 +823,10 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     }
     if (!strcmp(p->arch, "gemma-embedding")) {
         rc = modelgen_write_gemma_embed(p, w, n_vocab, path, err);
+        goto out;
+    }
+    if (!strcmp(p->arch, "deepseek2")) {
+        rc = modelgen_write_deepseek2(p, w, n_vocab, path, err);
         goto out;
     }
 

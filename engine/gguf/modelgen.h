@@ -152,6 +152,42 @@ typedef struct modelgen_params {
     /* {arch}.rope.scaling.type "linear" with this factor (gemma3's 4B+ have 8, which
      * llama.cpp applies to the global layers alone); 0: no scaling keys. */
     float rope_linear;
+    /* "deepseek2" (DeepSeek-V2/V2-Lite/V3, Kimi-K2, ...) as llama.cpp's converter writes
+     * it today: multi-head latent attention with attn_kv_a_mqa (kv_lora_rank latent +
+     * qk_rope_dim shared rotary key), attn_kv_a_norm, the split attn_k_b (ne [qk_nope_dim,
+     * kv_lora_rank, n_head]) and attn_v_b (ne [kv_lora_rank, v_head_dim, n_head]),
+     * attn_q_a / attn_q_a_norm / attn_q_b or (q_lora_rank 0, V2-Lite's) attn_q;
+     * head_count_kv 1, key_length kv_lora_rank + qk_rope_dim, value_length kv_lora_rank,
+     * key_length_mla and value_length_mla the decompressed heads' (head_dim and n_head_kv
+     * are not used); n_dense_lead dense SwiGLU layers of n_ff, then experts (required,
+     * n_ff_exp each) with n_expert_shared shared ones in one ffn_*_shexp of
+     * n_ff_exp * n_expert_shared (at least 1). Matrices whose rows are not whole blocks of
+     * the type take modelgen_mix_type's fallbacks (attn_k_b's rows are qk_nope_dim long).
+     * rope.freq_base 10000, RMS epsilon 1e-6. The fields below are deepseek2's. */
+    int q_lora_rank;     /* attention.q_lora_rank; 0: attn_q and no key (V2-Lite) */
+    int kv_lora_rank;    /* attention.kv_lora_rank */
+    int qk_nope_dim;     /* a head's query/key dimensions without RoPE */
+    int qk_rope_dim;     /* its rotated ones, rope.dimension_count (even) */
+    int v_head_dim;      /* a head's value dimensions */
+    int n_expert_shared; /* expert_shared_count */
+    int n_dense_lead;    /* leading_dense_block_count: layers 0..n-1 dense, 0..n_layer */
+    int expert_gating;   /* expert_gating_func: 1 softmax, 2 sigmoid; 0 writes none
+                            (llama.cpp then takes softmax, as for old V2 files) */
+    bool expert_weights_norm;   /* expert_weights_norm true (HF's norm_topk_prob); false
+                                   writes no key */
+    float expert_weights_scale; /* expert_weights_scale (routed_scaling_factor); 0: none */
+    /* expert_group_count and expert_group_used_count (n_group, topk_group); 0: no keys.
+     * Otherwise groups > 1 dividing n_expert into groups of 2 or more, 0 < used < groups. */
+    int n_expert_groups, n_expert_groups_used;
+    bool exp_probs_b;    /* blk.N.exp_probs_b.bias (F32, n_expert), DeepSeek-V3's
+                            e_score_correction_bias, of the order of the router's
+                            probabilities so that it moves selections */
+    /* DeepSeek-V2's YaRN: rope.scaling.type "yarn", rope.scaling.factor yarn_factor,
+     * original_context_length rope_orig_ctx (0: n_ctx / yarn_factor), yarn_beta_fast 32,
+     * yarn_beta_slow 1; and with yarn_mscale_all_dim, rope.scaling.yarn_log_multiplier
+     * 0.1 * it, as the converter writes it. yarn_factor 0: no scaling keys;
+     * yarn_mscale_all_dim 0: no yarn_log_multiplier. */
+    float yarn_factor, yarn_mscale_all_dim;
     /* Vocabulary: all tokenizer.* metadata is copied from vocab and n_vocab is its token
      * count. With vocab NULL a synthetic vocabulary of n_vocab tokens is written
      * ("<unk>", "<s>", "</s>", then "tok3", "tok4", ...; BOS 1, EOS 2). */

@@ -107,6 +107,7 @@
 #include <string.h>
 
 #include "engine/quant/quant.h"
+#include "tests/support/ref_deepseek2.h"
 #include "tests/support/ref_tensor.h"
 
 #define REF_MAX_EXPERTS 1024
@@ -182,6 +183,7 @@ struct ref_model {
     double *out_norm_b; /* (dim) StableLM's, or NULL */
     double *out_b;      /* (n_vocab) Phi-2's lm_head bias, or NULL */
     ref_layer *layers;
+    ref_ds2 *ds2;       /* deepseek2: its own forward (ref_deepseek2.c), or NULL */
 };
 
 static int ref_u32(const gguf_file *g, const char *arch, const char *key, int dflt)
@@ -322,6 +324,14 @@ ref_model *ref_model_load(const gguf_file *g)
     gguf_str a;
     if (!gguf_get_str(g, "general.architecture", &a))
         return NULL;
+    if (gguf_str_eq(a, "deepseek2")) {
+        ref_model *m = calloc(1, sizeof *m);
+        if (m && !(m->ds2 = ref_ds2_load(g))) {
+            free(m);
+            return NULL;
+        }
+        return m;
+    }
     static const char *const names[] = {"llama",  "qwen2",    "qwen3",    "phi3",
                                         "granite", "gemma",   "gemma2",   "gemma3",
                                         "qwen2moe", "qwen3moe", "olmoe",  "olmo2",
@@ -569,6 +579,7 @@ void ref_model_free(ref_model *m)
             free(all[i]);
     }
     free(m->layers);
+    ref_ds2_free(m->ds2);
     free(m->yarn_inv_freq);
     free(m->slides);
     free(m->long_factor);
@@ -609,6 +620,8 @@ static double ref_round_f16(double x)
 
 int ref_model_n_vocab(const ref_model *m)
 {
+    if (m->ds2)
+        return ref_ds2_n_vocab(m->ds2);
     return m->n_vocab;
 }
 
@@ -830,6 +843,10 @@ static void ref_moe(const ref_model *m, const ref_layer *L, double *y, const dou
 void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t *positions,
                  double *logits, double *hidden, double *attn)
 {
+    if (m->ds2) {
+        ref_ds2_forward(m->ds2, n, tokens, positions, logits, hidden, attn, m->routes, m->kv_f16);
+        return;
+    }
     int dim = m->dim, hd = m->head_dim, qd = m->n_head * hd, kvd = m->n_kv_head * hd;
     double *x = calloc((size_t)n * dim, sizeof(double));
     double *xn = malloc((size_t)dim * sizeof(double));

@@ -2,7 +2,8 @@
  * ref_forward.h — a plain reference forward pass for llama / qwen2 / qwen3 / phi3 / granite
  * / gemma / gemma2 / gemma3 / olmo2 / smollm3 / exaone / exaone4 / stablelm / mistral3 /
  * glm4 / chatglm / command-r / cohere2 GGUF models (and the mixtures of experts: qwen2moe,
- * qwen3moe, llama with experts, olmoe, granitemoe, gpt-oss), in double precision from
+ * qwen3moe, llama with experts, olmoe, granitemoe, gpt-oss, deepseek2 (ref_deepseek2.c:
+ * DeepSeek-V2/V3's latent attention decompressed)), in double precision from
  * dequantized weights, written independently of engine/model/model.c (all but llama and
  * qwen from Hugging Face's modeling code) so the optimized forward can be checked
  * against it.
@@ -27,7 +28,8 @@ int ref_model_n_vocab(const ref_model *m);
 void ref_model_longrope_long(ref_model *m, bool on);
 
 /* Rounds every K and V to half precision before attention, as a KV cache stored in f16
- * does; lets a test separate that rounding from other differences. Off by default. */
+ * does (deepseek2: the latent and the rotated key, what its absorbed cache holds); lets a
+ * test separate that rounding from other differences. Off by default. */
 void ref_model_round_kv_f16(ref_model *m, bool on);
 
 /* Cohere (command-r, cohere2): the MLP reads the norm of the residual after attention's
@@ -36,8 +38,8 @@ void ref_model_round_kv_f16(ref_model *m, bool on);
 void ref_model_sequential(ref_model *m, bool on);
 
 /* With experts: from the next ref_forward on, the experts each token chose in each layer,
- * in the order of their probabilities, into routes (n_layer, n, expert_used_count); NULL
- * stops it. */
+ * in the order of their probabilities (deepseek2: of their selection scores; -1 in its
+ * dense leading layers), into routes (n_layer, n, expert_used_count); NULL stops it. */
 void ref_model_record_routes(ref_model *m, int *routes);
 
 /*

@@ -4,7 +4,8 @@
  * mkmodel --arch phi3 / granite: their keys and tensors as llama.cpp reads them.
  * mkmodel --experts: mixtures of experts in llama.cpp's layout; --arch gpt-oss: its experts
  * in MXFP4 (or --type), its biases, sinks and keys; --arch gemma-embedding: EmbeddingGemma
- * with its dense layers.
+ * with its dense layers; --arch deepseek2: its latent attention, experts and YaRN options
+ * as the keys and tensors llama.cpp reads.
  */
 #include <libgen.h>
 #include <math.h>
@@ -682,6 +683,78 @@ static void gemma_embedding_files(void)
     CHECK_MSG(strstr(err, "pooling"), "%s", err);
 }
 
+/* deepseek2's options reach the file: V3's shape (q_lora, sigmoid gating, groups, the
+ * selection bias, norm and scale, two shared experts) and V2's YaRN, then V2-Lite's
+ * (attn_q, no optional keys); bad shapes are refused naming what is wrong. */
+static void deepseek2_files(void)
+{
+    const char *vocab = test_data_path("vocab/ggml-vocab-gpt-2.gguf");
+    if (!vocab)
+        SKIP("test data vocab/ggml-vocab-gpt-2.gguf is absent");
+    const char *shape = "--arch deepseek2 --dim 64 --layers 2 --heads 2 --ffn 96 --ctx 256 "
+                        "--experts 4 --experts-used 2 --expert-ffn 32 --shared-experts 2 "
+                        "--kv-lora 32 --qk-nope 32 --qk-rope 16 --v-head 32 --dense-lead 1";
+    char out[1100], args[4096], err[1024], e[ERR_MAX];
+    snprintf(out, sizeof out, "%s/deepseek2.gguf", test_tmpdir());
+    snprintf(args, sizeof args, "-o '%s' %s --q-lora 32 --gating sigmoid --norm-weights "
+             "--weights-scale 2.5 --expert-groups 2 --groups-used 1 --exp-probs-b "
+             "--yarn-factor 4 --mscale-all-dim 0.707 --type q8_0 --vocab '%s'", out, shape, vocab);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    gguf_file *g = gguf_open(out, e);
+    CHECK_MSG(g, "%s", e);
+    uint32_t u;
+    float f;
+    bool b;
+    gguf_str s;
+    CHECK(gguf_get_u32(g, "deepseek2.attention.q_lora_rank", &u) && u == 32);
+    CHECK(gguf_get_u32(g, "deepseek2.attention.key_length", &u) && u == 48);
+    CHECK(gguf_get_u32(g, "deepseek2.attention.key_length_mla", &u) && u == 48);
+    CHECK(gguf_get_u32(g, "deepseek2.expert_gating_func", &u) && u == 2);
+    CHECK(gguf_get_u32(g, "deepseek2.expert_group_count", &u) && u == 2);
+    CHECK(gguf_get_u32(g, "deepseek2.expert_group_used_count", &u) && u == 1);
+    CHECK(gguf_get_u32(g, "deepseek2.expert_shared_count", &u) && u == 2);
+    CHECK(gguf_get_u32(g, "deepseek2.leading_dense_block_count", &u) && u == 1);
+    CHECK(gguf_get_u32(g, "deepseek2.rope.scaling.original_context_length", &u) && u == 64);
+    CHECK(gguf_get_bool(g, "deepseek2.expert_weights_norm", &b) && b);
+    CHECK(gguf_get_f32(g, "deepseek2.expert_weights_scale", &f) && f == 2.5f);
+    CHECK(gguf_get_f32(g, "deepseek2.rope.scaling.yarn_log_multiplier", &f) &&
+          fabsf(f - 0.0707f) < 1e-6f);
+    CHECK(gguf_get_str(g, "deepseek2.rope.scaling.type", &s) && gguf_str_eq(s, "yarn"));
+    const gguf_tensor *t = gguf_find_tensor(g, "blk.1.attn_k_b.weight");
+    CHECK(t && t->n_dims == 3 && t->ne[0] == 32 && t->ne[1] == 32 && t->ne[2] == 2 &&
+          t->type == QTYPE_Q8_0);
+    t = gguf_find_tensor(g, "blk.1.ffn_up_shexp.weight");
+    CHECK(t && t->ne[0] == 64 && t->ne[1] == 64);
+    CHECK(gguf_find_tensor(g, "blk.1.exp_probs_b.bias") && gguf_find_tensor(g, "blk.0.attn_q_b.weight") &&
+          gguf_find_tensor(g, "blk.0.ffn_gate.weight") && !gguf_find_tensor(g, "blk.0.attn_q.weight"));
+    gguf_close(g);
+
+    snprintf(args, sizeof args, "-o '%s' %s --type q8_0 --vocab '%s'", out, shape, vocab);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    g = gguf_open(out, e);
+    CHECK_MSG(g, "%s", e);
+    CHECK(gguf_find_tensor(g, "blk.0.attn_q.weight") && !gguf_find_tensor(g, "blk.0.attn_q_a.weight"));
+    CHECK(gguf_find_key(g, "deepseek2.attention.q_lora_rank") < 0 &&
+          gguf_find_key(g, "deepseek2.expert_gating_func") < 0 &&
+          gguf_find_key(g, "deepseek2.expert_group_count") < 0 &&
+          gguf_find_key(g, "deepseek2.rope.scaling.type") < 0 &&
+          !gguf_find_tensor(g, "blk.1.exp_probs_b.bias"));
+    gguf_close(g);
+
+    snprintf(args, sizeof args, "-o '%s' %s --expert-groups 3 --groups-used 1 --type q8_0 "
+             "--vocab '%s'", out, shape, vocab);
+    CHECK(mkmodel(args, err, sizeof err) != 0);
+    CHECK_MSG(strstr(err, "expert groups"), "%s", err);
+    snprintf(args, sizeof args, "-o '%s' %s --gating relu --type q8_0 --vocab '%s'", out, shape,
+             vocab);
+    CHECK_EQ(mkmodel(args, err, sizeof err), 2);
+    CHECK_MSG(strstr(err, "--gating"), "%s", err);
+    snprintf(args, sizeof args, "-o '%s' --arch llama --dim 64 --layers 2 --heads 2 --ffn 96 "
+             "--ctx 256 --kv-lora 32 --type q8_0 --vocab '%s'", out, vocab);
+    CHECK(mkmodel(args, err, sizeof err) != 0);
+    CHECK_MSG(strstr(err, "deepseek2's"), "%s", err);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -714,5 +787,6 @@ int main(int argc, char **argv)
     RUN(gptoss_files);
     RUN(small_arch_files);
     RUN(gemma_embedding_files);
+    RUN(deepseek2_files);
     return test_finish();
 }
