@@ -2,7 +2,7 @@
  * llmsd serves a file of each of the smaller architectures (olmo2, granitemoe with a
  * shared expert, smollm3, exaone, stablelm, mistral3, exaone4 with the 32B's hybrid
  * attention, glm4, chatglm, command-r, cohere2 with a window of 8, starcoder2, phi2,
- * seed_oss, hunyuan-dense, and
+ * seed_oss, hunyuan-dense, deepseek2 (DeepSeek-V3's routing, its latent cache), and
  * a qwen3 file renamed qwen3vl as Qwen3-VL's language model): a random-weight model of each (modelgen, 4 layers, F32) on the test data's llama SPM
  * vocabulary; the daemon reports the architecture and
  * llama.cpp's /completion on token ids answers with the ids, log-probabilities and
@@ -240,6 +240,20 @@ static void serves_hunyuan_dense(void)
     serves(small("hunyuan-dense"));
 }
 
+/* DeepSeek-V3's routing (sigmoid, selection bias, groups) and V2's YaRN, a dense first
+ * layer, its latent cache */
+static void serves_deepseek2(void)
+{
+    modelgen_params p = small("deepseek2");
+    p.n_head_kv = 1, p.n_expert = 8, p.n_expert_used = 2, p.n_ff_exp = 64;
+    p.n_expert_shared = 1, p.n_dense_lead = 1, p.q_lora_rank = 64, p.kv_lora_rank = 64;
+    p.qk_nope_dim = 32, p.qk_rope_dim = 16, p.v_head_dim = 32, p.expert_gating = 2;
+    p.expert_weights_norm = true, p.expert_weights_scale = 2.5f, p.exp_probs_b = true;
+    p.n_expert_groups = 4, p.n_expert_groups_used = 2;
+    p.yarn_factor = 4.0f, p.yarn_mscale_all_dim = 0.707f;
+    serves(p);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -264,5 +278,6 @@ int main(int argc, char **argv)
     RUN(serves_phi2);
     RUN(serves_seed_oss);
     RUN(serves_hunyuan_dense);
+    RUN(serves_deepseek2);
     return test_finish();
 }
