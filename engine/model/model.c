@@ -134,6 +134,7 @@ struct model {
      * attn_k_b as the newer converter writes it, the transpose of attn_kv_b's key rows, in
      * f32 (always resident: never a streamed fragment), or NULL */
     float *mla_k_b;          /* (n_layer, n_head, mla_kv_rank, mla_qk_nope) */
+    bool mla_kv_b;           /* the file is of the older converter (mla_k_b is made) */
 };
 
 /* ---- loading ---- */
@@ -1400,7 +1401,12 @@ static int model_load_mla_kv_b(model *m, model_layer *L, int l, char err[ERR_MAX
         return -1;
     L->wv_b = model_rows(&kv_b, nope, (int64_t)hp->n_head * stride - nope);
     L->wv_b_stride = stride;
-    float *k_b = m->mla_k_b + (size_t)l * hp->n_head * rank * nope, *row = malloc(rank * sizeof *row);
+    /* made once the first layer's tensor showed that the file holds sizes of its order */
+    size_t per_layer = (size_t)hp->n_head * rank * nope;
+    if (!m->mla_k_b && !(m->mla_k_b = malloc((size_t)hp->n_layer * per_layer * sizeof(float))))
+        return err_set(err, "out of memory for %zu bytes of attn_k_b",
+                       (size_t)hp->n_layer * per_layer * sizeof(float));
+    float *k_b = m->mla_k_b + (size_t)l * per_layer, *row = malloc(rank * sizeof *row);
     if (!row)
         return err_set(err, "out of memory");
     for (int h = 0; h < hp->n_head; h++)
@@ -1436,7 +1442,7 @@ static int model_load_mla(model *m, model_layer *L, int l, char err[ERR_MAX])
             : model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq, err) < 0)
         return -1;
     L->wv_b_stride = hp->mla_v_dim;
-    if (m->mla_k_b ? model_load_mla_kv_b(m, L, l, err) < 0
+    if (m->mla_kv_b ? model_load_mla_kv_b(m, L, l, err) < 0
                    : model_stacked(m, NAME("attn_k_b.weight"), heads, "heads", hp->mla_kv_rank,
                                    hp->mla_qk_nope, &L->wk_b, err) < 0 ||
                          model_stacked(m, NAME("attn_v_b.weight"), heads, "heads",
@@ -1480,12 +1486,7 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
         return err_set(err, "out of memory");
     char key[96];
     snprintf(key, sizeof key, "%s.attention.key_length_mla", hp->file_arch);
-    if (hp->arch == MODEL_ARCH_DEEPSEEK2 && gguf_find_key(m->g, key) < 0) {
-        size_t n = (size_t)hp->n_layer * hp->n_head * hp->mla_kv_rank * hp->mla_qk_nope;
-        m->mla_k_b = malloc(n * sizeof(float));
-        if (!m->mla_k_b)
-            return err_set(err, "out of memory for %zu bytes of attn_k_b", n * sizeof(float));
-    }
+    m->mla_kv_b = hp->arch == MODEL_ARCH_DEEPSEEK2 && gguf_find_key(m->g, key) < 0;
 
     /* StableLM's, StarCoder2's and Phi-2's LayerNorms have biases, Cohere's none */
     bool layer_norm = hp->norm == MODEL_NORM_LAYER && hp->arch != MODEL_ARCH_COMMAND_R &&
@@ -2299,7 +2300,7 @@ static int model_list_frags(const model *m, model_frag *f)
         int k = model_layer_matrices(&m->layers[l], true, w);
         for (int i = 0; i < k; i++)
             /* a copy of the older deepseek2 files' attn_k_b is no file's page to release */
-            if (!m->mla_k_b || w[i] != &m->layers[l].wk_b)
+            if (!m->mla_kv_b || w[i] != &m->layers[l].wk_b)
                 f[n++] = (model_frag){w[i]->data, (size_t)w[i]->rows * w[i]->row_bytes, l, false};
     }
     return n;
