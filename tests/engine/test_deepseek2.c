@@ -157,6 +157,11 @@ static void test_logits_vs_reference(void)
     check_type(v3_params(QTYPE_F32), QTYPE_F32, "v3-f32", TOL_FLOAT);
     check_type(v3_params(QTYPE_F32), QTYPE_F16, "v3-f16", TOL_FLOAT);
     check_type(every_expert(v3_params(QTYPE_F32)), QTYPE_Q8_0, "v3-all-q8_0", TOL_QUANT);
+    /* YaRN without yarn_log_multiplier: cos and sin times 1 + 0.1 ln(factor), and the
+     * query scale times its square, as llama.cpp computes it */
+    modelgen_params plain_yarn = v3_params(QTYPE_F32);
+    plain_yarn.yarn_mscale_all_dim = 0;
+    check_type(plain_yarn, QTYPE_F32, "v3-plain-yarn-f32", TOL_FLOAT);
     check_type(lite_params(QTYPE_F32), QTYPE_F32, "lite-f32", TOL_FLOAT);
     check_type(lite_params(QTYPE_F32), QTYPE_F16, "lite-f16", TOL_FLOAT);
     check_type(every_expert(lite_params(QTYPE_F32)), QTYPE_Q8_0, "lite-all-q8_0", TOL_QUANT);
