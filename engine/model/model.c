@@ -2707,13 +2707,14 @@ static void model_kv_f32_job(void *p, int ith, int nth)
     const kv_seq *seq = s->part->seq;
     int hd = r->m->hp.head_dim;
     kv_shape shape = model_kv_shape(r->m);
-    float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
+    /* a shape whose V is its K (deepseek2) reads K alone: model_attn_gemm_job's V is it */
+    float *kf = r->kv_f32, *vf = shape.shared_kv ? NULL : r->kv_f32 + (size_t)r->max_kv * hd;
     long b, e;
     tp_split(seq->n_chunks - s->c0, ith, nth, &b, &e);
     for (long c = s->c0 + b; c < s->c0 + e; c++) {
         const kv_chunk *ch = seq->chunks[c];
         size_t base = (size_t)r->chunk_base[c] * hd;
-        kv_chunk_read_f32(ch, shape, s->layer, s->kv_head, kf + base, vf + base);
+        kv_chunk_read_f32(ch, shape, s->layer, s->kv_head, kf + base, vf ? vf + base : NULL);
     }
 }
 
@@ -2730,7 +2731,8 @@ static void model_attn_gemm_job(void *p, int ith, int nth)
     const model_hparams *hp = &r->m->hp;
     int hd = hp->head_dim, group = hp->n_head / hp->n_head_kv, ld_q = hp->n_head * hd;
     float scale = hp->attn_scale, cap = hp->attn_softcap;
-    const float *kf = r->kv_f32, *vf = r->kv_f32 + (size_t)r->max_kv * hd;
+    const float *kf = r->kv_f32;
+    const float *vf = model_kv_shape(r->m).shared_kv ? kf : kf + (size_t)r->max_kv * hd;
     const int32_t *positions = r->row_pos + pt->r0;
     float *sc = r->blk_scores + (size_t)ith * r->attn_rows * r->max_kv;
     model_recv recv = {.acc = r->received + (size_t)ith * r->max_kv};
