@@ -2,7 +2,8 @@
  * bench/engine — prefill and decode speed of the engine, and its peak memory.
  *
  *   build/bench/engine [-t THREADS] [-r RUNS] [--prompt N] [--gen N] [--load copy|map|both]
- *                      [--llama-bench PATH] [--moe] [--device cpu|cuda[:N]] [MODEL.gguf ...]
+ *                      [--llama-bench PATH] [--moe] [--mla] [--device cpu|cuda[:N]]
+ *                      [MODEL.gguf ...]
  *
  * With no model given it benchmarks the issue's reference shape — a TinyLlama-1.1B-shaped
  * llama (dim 2048, 22 layers, 32 heads, 4 KV heads, FFN 5632, the llama-spm vocabulary)
@@ -17,6 +18,12 @@
  * reads only its experts' weights: for such a model the bandwidth figures count the
  * weights one token reads (active_weight_mb: every matrix but the experts', and
  * expert_used_count / expert_count of theirs), not the file.
+ *
+ * --mla benchmarks deepseek2's latent attention: 4 layers of a DeepSeek-V2-Lite-shaped
+ * deepseek2 (dim 2048, 16 heads, a latent of 512 and 64 rotated dimensions, heads of 128 +
+ * 64 and values of 128, a dense first layer of FFN 10944, then 64 experts of FFN 1408 of
+ * which 6 are used and 2 shared ones, V2's YaRN) with V2's query latent of 1536 (llama.cpp
+ * loads a file without one only at 26, 27 or 48 layers), in Q4_K_M.
  *
  * --llama-bench PATH names a llama.cpp llama-bench built elsewhere (never part of this
  * repository): each of our runs is paired with one llama-bench run on the same file and
@@ -599,14 +606,21 @@ out:
     return status;
 }
 
-/* Makes build/bench-models/tinyllama-TYPE.gguf (moe: qwen2moe-a2.7b-4l-TYPE.gguf) with
- * mkmodel unless it exists. */
-static int ensure_reference_model(const char *type, bool moe, bool llama8b, char *path,
+/* The reference models bench/engine generates. */
+enum bench_shape { BENCH_TINYLLAMA, BENCH_LLAMA8B, BENCH_MOE, BENCH_MLA };
+
+/* Makes build/bench-models/tinyllama-TYPE.gguf (the other shapes: llama8b-, qwen2moe-a2.7b-4l-,
+ * deepseek2-v2lite-4l-TYPE.gguf) with mkmodel unless it exists. */
+static int ensure_reference_model(const char *type, enum bench_shape shape, char *path,
                                   size_t cap)
 {
+    static const char *const names[] = {[BENCH_TINYLLAMA] = "tinyllama",
+                                        [BENCH_LLAMA8B] = "llama8b",
+                                        [BENCH_MOE] = "qwen2moe-a2.7b-4l",
+                                        [BENCH_MLA] = "deepseek2-v2lite-4l"};
+    bool moe = shape == BENCH_MOE, llama8b = shape == BENCH_LLAMA8B;
     const char *vocab = "../shared/testdata/vocab/ggml-vocab-llama-spm.gguf";
-    snprintf(path, cap, "build/bench-models/%s-%s.gguf",
-             moe ? "qwen2moe-a2.7b-4l" : llama8b ? "llama8b" : "tinyllama", type);
+    snprintf(path, cap, "build/bench-models/%s-%s.gguf", names[shape], type);
     if (access(path, R_OK) == 0)
         return 0;
     if (access(vocab, R_OK) != 0) {
@@ -622,6 +636,14 @@ static int ensure_reference_model(const char *type, bool moe, bool llama8b, char
         snprintf(cmd, sizeof cmd,
                  "build/mkmodel -o %s --arch llama --dim 4096 --layers 32 --heads 32 "
                  "--kv-heads 8 --ffn 14336 --ctx 8192 --type %s --vocab %s --seed 1",
+                 path, type, vocab);
+    else if (shape == BENCH_MLA)
+        snprintf(cmd, sizeof cmd,
+                 "build/mkmodel -o %s --arch deepseek2 --dim 2048 --layers 4 --heads 16 "
+                 "--kv-heads 1 --ffn 10944 --experts 64 --experts-used 6 --expert-ffn 1408 "
+                 "--shared-experts 2 --dense-lead 1 --kv-lora 512 --qk-nope 128 --qk-rope 64 "
+                 "--v-head 128 --q-lora 1536 --ctx 163840 --rope-orig-ctx 4096 "
+                 "--yarn-factor 40 --mscale-all-dim 0.707 --type %s --vocab %s --seed 1",
                  path, type, vocab);
     else if (moe)
         snprintf(cmd, sizeof cmd,
@@ -675,7 +697,7 @@ int main(int argc, char **argv)
     bench_options o = {.n_threads = 2, .n_runs = 3, .n_prompt = 512, .n_gen = 64, .device = -1};
     const char *models[64];
     int n_models = 0, failures = 0;
-    bool load_copy = true, load_map = true, moe = false;
+    bool load_copy = true, load_map = true, moe = false, mla = false;
 
     for (int i = 1; i < argc; i++) {
         const char *v = i + 1 < argc ? argv[i + 1] : "";
@@ -695,6 +717,8 @@ int main(int argc, char **argv)
             o.llama_bench = v, i++;
         else if (!strcmp(argv[i], "--moe"))
             moe = true;
+        else if (!strcmp(argv[i], "--mla"))
+            mla = true;
         else if (!strcmp(argv[i], "--device") && *v) {
             char err[ERR_MAX];
             if (cuda_parse_device(v, &o.device, err) < 0)
@@ -704,6 +728,7 @@ int main(int argc, char **argv)
         else if (argv[i][0] == '-' || n_models == 64)
             rc = -1, fprintf(stderr, "usage: engine [-t N] [-r N] [--prompt N] [--gen N] "
                                      "[--load copy|map|both] [--llama-bench PATH] [--moe] "
+                                     "[--mla] "
                                      "[--device cpu|cuda[:N]] "
                                      "[MODEL.gguf ...]\n");
         else
@@ -712,16 +737,17 @@ int main(int argc, char **argv)
             return 2;
     }
 
-    if (n_models == 0 && moe) {
+    if (n_models == 0 && (moe || mla)) {
         static char path[256];
-        if (ensure_reference_model("q4_k_m", true, false, path, sizeof path))
+        if (ensure_reference_model("q4_k_m", mla ? BENCH_MLA : BENCH_MOE, path, sizeof path))
             return 1;
         models[n_models++] = path;
     } else if (n_models == 0 && o.device >= 0) {
         static const char *const types[] = {"f16", "q8_0", "q4_k_m", "q4_k_m", "q8_0"};
         static char paths[5][256];
         for (int i = 0; i < 5; i++) {
-            if (ensure_reference_model(types[i], false, i >= 3, paths[i], sizeof paths[i]))
+            if (ensure_reference_model(types[i], i >= 3 ? BENCH_LLAMA8B : BENCH_TINYLLAMA,
+                                       paths[i], sizeof paths[i]))
                 return 1;
             models[n_models++] = paths[i];
         }
@@ -731,7 +757,7 @@ int main(int argc, char **argv)
         enum { N_TYPES = sizeof types / sizeof types[0] };
         static char paths[N_TYPES][256];
         for (int i = 0; i < N_TYPES; i++) {
-            if (ensure_reference_model(types[i], false, false, paths[i], sizeof paths[i]))
+            if (ensure_reference_model(types[i], BENCH_TINYLLAMA, paths[i], sizeof paths[i]))
                 return 1;
             models[n_models++] = paths[i];
         }
