@@ -79,7 +79,9 @@ static const key_def keys[] = {
            "`--chat-template` names them (and `hermes`: chatml with Hermes 2 Pro's and 3's "
            "tool format; `qwen3` and `qwen3-thinking`: chatml as Qwen3's template writes "
            "it, earlier replies without their reasoning, the second opening the model's "
-           "reasoning itself; `gpt-oss`: OpenAI's harmony format), for a file without a "
+           "reasoning itself; `gpt-oss`: OpenAI's harmony format; `glm-4.7`: GLM-4.7's and "
+           "GLM-4.7-Flash's template, the generation prompt opening the model's reasoning), "
+           "for a file without a "
            "template or with a wrong one"),
     CHOICE(model_load, "map|copy", "map",
            "how the weights come into memory: `map` maps the file (pages shared with the page "

@@ -1372,7 +1372,8 @@ void openai_split_start(hreq *hr)
 {
     hr->reasoning &= !hr->tools.forced;
     for (unsigned i = 0; hr->reasoning && i < hr->n_choices; i++)
-        reasoning_start(&hr->choices[i].split, chat_thinking(hr->family), reads_calls(hr));
+        reasoning_start(&hr->choices[i].split, chat_thinking_for(hr->family, !hr->no_thinking),
+                        reads_calls(hr));
 }
 
 int openai_split_whole(hreq *hr, const char *text, reasoning_span *reasoning,
@@ -1385,8 +1386,8 @@ int openai_split_whole(hreq *hr, const char *text, reasoning_span *reasoning,
                                        &hr->whole_split, reasoning, content);
     }
     if (hr->reasoning) {
-        reasoning_split_text(chat_thinking(hr->family) == CHAT_THINK_OPENED, text, strlen(text),
-                             reasoning, content);
+        reasoning_split_text(chat_thinking_for(hr->family, !hr->no_thinking) == CHAT_THINK_OPENED,
+                             text, strlen(text), reasoning, content);
         return 0;
     }
     *reasoning = (reasoning_span){true, text, 0};

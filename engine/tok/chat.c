@@ -50,6 +50,7 @@ static const char *const family_names[] = {
     [CHAT_CHATGLM3] = "chatglm3",
     [CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
     [CHAT_DEEPSEEK2] = "deepseek2",
+    [CHAT_GLM_4_7] = "glm-4.7",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
@@ -191,6 +192,9 @@ enum chat_family chat_detect(const char *t)
     /* the rest in llama.cpp's order, which matters where a template has two markers */
     if (strstr(t, "<|assistant|>") && strstr(t, "<|end|>"))
         return CHAT_PHI3;
+    /* GLM-4.5's tool calls, without 4.5's and 4.6's switch (they are not glm-4.7's turns) */
+    if (strstr(t, "[gMASK]<sop>") && strstr(t, "<arg_key>") && !strstr(t, "/nothink"))
+        return CHAT_GLM_4_7;
     /* GLM-Z1's generation prompt, with a real line break or a Jinja '\n' */
     if (strstr(t, "[gMASK]<sop>"))
         return strstr(t, "<|assistant|>\n<think>") || strstr(t, "<|assistant|>\\n<think>")
@@ -274,6 +278,7 @@ const char *chat_stop_text(enum chat_family f)
     case CHAT_CHATGLM4:
     case CHAT_GLM_Z1:
     case CHAT_CHATGLM3:
+    case CHAT_GLM_4_7:
         return "<|user|>";
     case CHAT_COMMAND_R:
         return "<|END_OF_TURN_TOKEN|>";
@@ -297,12 +302,18 @@ enum chat_think chat_thinking(enum chat_family f)
         return CHAT_THINK_REPLY;
     case CHAT_QWEN3_THINKING:
     case CHAT_GLM_Z1:
+    case CHAT_GLM_4_7:
         return CHAT_THINK_OPENED;
     case CHAT_GPT_OSS:
         return CHAT_THINK_HARMONY;
     default:
         return CHAT_THINK_NONE;
     }
+}
+
+enum chat_think chat_thinking_for(enum chat_family f, bool enable_thinking)
+{
+    return f == CHAT_GLM_4_7 && !enable_thinking ? CHAT_THINK_REPLY : chat_thinking(f);
 }
 
 /* The last occurrence of needle in hay[0..n), or NULL. */
@@ -627,6 +638,48 @@ static void apply_glm4(textwriter *w, enum chat_family f, const struct chat_mess
         textwriter_put(w, z1 ? "<|assistant|>\n<think>" : "<|assistant|>\n");
 }
 
+/* s[0..n) with leading and trailing whitespace removed (Jinja's strip()). */
+static void put_trimmed_n(textwriter *w, const char *s, size_t n)
+{
+    while (n > 0 && textwriter_is_space(*s))
+        s++, n--;
+    while (n > 0 && textwriter_is_space(s[n - 1]))
+        n--;
+    textwriter_put_n(w, s, n);
+}
+
+/* GLM-4.7's template (chat.h): an assistant message's block kept after the last user
+ * message alone. */
+static void apply_glm47(textwriter *w, const struct chat_message *msgs, int n, bool gen,
+                        bool enable_thinking)
+{
+    int last_user = -1;
+    for (int i = 0; i < n; i++)
+        if (role_of(&msgs[i]) == ROLE_USER)
+            last_user = i;
+    textwriter_put(w, "[gMASK]<sop>");
+    for (int i = 0; i < n; i++) {
+        textwriter_put(w, "<|");
+        textwriter_put(w, msgs[i].role);
+        textwriter_put(w, "|>");
+        if (role_of(&msgs[i]) != ROLE_ASSISTANT) {
+            textwriter_put(w, msgs[i].content);
+            continue;
+        }
+        const char *reasoning, *answer;
+        size_t n_reasoning;
+        chat_think_parts(msgs[i].content, &reasoning, &n_reasoning, &answer);
+        if (i > last_user && n_reasoning > 0) {
+            textwriter_put(w, "<think>");
+            put_trimmed_n(w, reasoning, n_reasoning);
+        }
+        textwriter_put(w, "</think>");
+        textwriter_put_trimmed(w, answer);
+    }
+    if (gen)
+        textwriter_put(w, enable_thinking ? "<|assistant|><think>" : "<|assistant|></think>");
+}
+
 /* ChatGLM3's turns, as llama.cpp's LLM_CHAT_TEMPLATE_CHATGLM_3 writes them. */
 static void apply_chatglm3(textwriter *w, const struct chat_message *msgs, int n, bool gen)
 {
@@ -865,6 +918,9 @@ int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
     case CHAT_CHATGLM4:
     case CHAT_GLM_Z1:
         apply_glm4(&w, f, msgs, n, add_generation_prompt);
+        break;
+    case CHAT_GLM_4_7:
+        apply_glm47(&w, msgs, n, add_generation_prompt, enable_thinking);
         break;
     default: /* the families turn_formats writes */
         apply_turns(&w, &turn_formats[f], msgs, n, add_generation_prompt, f == CHAT_DEEPSEEK3);

@@ -158,10 +158,20 @@ enum chat_family {
      * V2-Lite-Chat), the generation prompt "Assistant:", as llama.cpp's deepseek2 format
      * and their template, which writes eos_token, this text, after a reply */
     CHAT_DEEPSEEK2,
+    /* GLM-4.7's template (GLM-4.7, GLM-4.7-Flash) without tools: "[gMASK]<sop>", then
+     * "<|role|>content" with no line break after the role; an assistant message is
+     * "<|assistant|>", its block "<think>" + reasoning (stripped) + "</think>" when it
+     * follows the last user message and has reasoning, "</think>" alone otherwise, and its
+     * answer (the text after its last "</think>") stripped; the generation prompt
+     * "<|assistant|><think>" opens the block, "<|assistant|></think>" with enable_thinking
+     * false. A reply ends at "<|user|>" or "<|observation|>" (the file's end-of-turn
+     * tokens). GLM-4.5's and 4.6's templates write a line break after each role and
+     * "/nothink" for the switch: not this family */
+    CHAT_GLM_4_7,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_DEEPSEEK2 + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_GLM_4_7 + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
@@ -180,7 +190,8 @@ enum chat_family {
  * Mode" line) smollm3; "<start_of_turn>" is gemma; "[|system|]", "[|assistant|]" and
  * "[|endofturn|]" exaone3; "<|start|>" with "<|channel|>" and "<|message|>" is gpt-oss;
  * "[gMASK]<sop>" is chatglm4, or glm-z1 where the generation prompt opens a think block
- * ("<|assistant|>\n<think>"); "<|START_OF_TURN_TOKEN|>" with "<|USER_TOKEN|>" command-r;
+ * ("<|assistant|>\n<think>"), or glm-4.7 where the template writes GLM-4.5's tool calls
+ * ("<arg_key>") and not GLM-4.5's and 4.6's "/nothink"; "<|START_OF_TURN_TOKEN|>" with "<|USER_TOKEN|>" command-r;
  * "'Assistant: ' + message['content'] + eos_token" deepseek2.
  * NULL or anything else gives CHAT_PLAIN.
  */
@@ -204,7 +215,7 @@ const char *chat_family_name(enum chat_family f);
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
     "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma|" \
     "exaone3|smollm3|gpt-oss|chatglm4|glm-z1|command-r|seed_oss|hunyuan-dense|chatglm3|"    \
-    "mistral-v7-tekken|deepseek2"
+    "mistral-v7-tekken|deepseek2|glm-4.7"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */
@@ -224,8 +235,9 @@ int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
                bool add_generation_prompt, char *out, size_t cap);
 
 /* chat_apply with the templates' enable_thinking (chat_apply's is true, their default):
- * false makes qwen3's generation prompt close an empty block, so that the model answers
- * without thinking, and smollm3's mode "/no_think" (unless its system message says
+ * false makes qwen3's generation prompt close an empty block and glm-4.7's close the
+ * block it opens otherwise, so that the model answers without thinking, and smollm3's
+ * mode "/no_think" (unless its system message says
  * "/think"); the other families' templates have no such switch and ignore it. gpt-oss is
  * written with today's date (local time, as the template's strftime_now) and the default
  * reasoning effort (chatharmony.h writes it with others). */
@@ -238,7 +250,7 @@ enum chat_think {
     CHAT_THINK_NONE,   /* its templates have no think markers: a reply is all answer */
     CHAT_THINK_REPLY,  /* a reply opens its block itself (qwen3, deepseek3, smollm3) */
     CHAT_THINK_OPENED, /* the generation prompt opened it: a reply begins inside it
-                          (qwen3-thinking, glm-z1) */
+                          (qwen3-thinking, glm-z1, glm-4.7) */
     CHAT_THINK_HARMONY, /* no think markers: a reply's analysis channel is its reasoning,
                            its final channel the answer (gpt-oss) */
 };
@@ -247,6 +259,12 @@ enum chat_think {
  * template's text, and gpt-oss; CHAT_THINK_NONE for the others and for an unknown
  * family. */
 enum chat_think chat_thinking(enum chat_family f);
+
+/* chat_thinking of a reply to a prompt written with chat_apply_think's enable_thinking:
+ * CHAT_THINK_REPLY where false makes the generation prompt close the block the family's
+ * opens otherwise (glm-4.7's "<|assistant|></think>": the reply is the answer, unless it
+ * opens a block itself), chat_thinking(f) for the rest. */
+enum chat_think chat_thinking_for(enum chat_family f, bool enable_thinking);
 
 /*
  * An assistant message's text as the thinking templates read it back (Qwen3's and the R1

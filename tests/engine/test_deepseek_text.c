@@ -7,7 +7,8 @@
  * as in llama.cpp since August 2026. The templates are detected as llama.cpp's
  * llm_chat_detect_template detects them: DeepSeek-V2's and V2-Lite-Chat's "User: " /
  * "Assistant: " one as deepseek2, DeepSeek-V3's as deepseek3 (R1's has the same
- * markers), GLM-4.7-Flash's as chatglm4; deepseek2's prompt is llama.cpp's (2026-04,
+ * markers), GLM-4.7-Flash's as glm-4.7 (its own format, where llama.cpp's takes it for
+ * chatglm4: test_chat_glm47.c); deepseek2's prompt is llama.cpp's (2026-04,
  * llama_chat_apply_template).
  */
 #include <stdio.h>
@@ -167,14 +168,14 @@ static const char GLM_4_7_FLASH[] =
     "{%- endif -%}\n";
 
 /* As llama.cpp (2026-04) detects them: its llama_chat_apply_template with each template
- * writes the deepseek2, deepseek3 and chatglm4 formats (GLM-4.7-Flash's by its
- * "[gMASK]<sop>"; its own template writes no line break after a role and opens the reply
- * with "<think>", which llama.cpp's chatglm4 format, and so llmsd's, does not). */
+ * writes the deepseek2 and deepseek3 formats. GLM-4.7-Flash's it takes for chatglm4 by
+ * its "[gMASK]<sop>", though its own template writes no line break after a role and opens
+ * the reply with "<think>"; llmsd writes it as glm-4.7, as the template does. */
 static void test_templates_detected(void)
 {
     CHECK_EQ(chat_detect(DEEPSEEK_V2), CHAT_DEEPSEEK2);
     CHECK_EQ(chat_detect(DEEPSEEK_V3), CHAT_DEEPSEEK3);
-    CHECK_EQ(chat_detect(GLM_4_7_FLASH), CHAT_CHATGLM4);
+    CHECK_EQ(chat_detect(GLM_4_7_FLASH), CHAT_GLM_4_7);
     CHECK_EQ(chat_detect("deepseek2"), CHAT_DEEPSEEK2);
     CHECK(!strcmp(chat_family_name(CHAT_DEEPSEEK2), "deepseek2"));
 }
