@@ -191,7 +191,8 @@ enum chat_family {
  * "[|endofturn|]" exaone3; "<|start|>" with "<|channel|>" and "<|message|>" is gpt-oss;
  * "[gMASK]<sop>" is chatglm4, or glm-z1 where the generation prompt opens a think block
  * ("<|assistant|>\n<think>"), or glm-4.7 where the template writes GLM-4.5's tool calls
- * ("<arg_key>") and not GLM-4.5's and 4.6's "/nothink"; "<|START_OF_TURN_TOKEN|>" with "<|USER_TOKEN|>" command-r;
+ * ("<arg_key>") and not GLM-4.5's and 4.6's "/nothink"; "<|START_OF_TURN_TOKEN|>" with
+ * "<|USER_TOKEN|>" command-r;
  * "'Assistant: ' + message['content'] + eos_token" deepseek2.
  * NULL or anything else gives CHAT_PLAIN.
  */
