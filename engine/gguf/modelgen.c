@@ -297,7 +297,8 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
                                         "granitemoe", "smollm3", "exaone", "stablelm",
                                         "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
                                         "command-r", "cohere2", "starcoder2", "phi2",
-                                        "seed_oss", "hunyuan-dense", "deepseek2"};
+                                        "seed_oss", "hunyuan-dense", "deepseek2",
+                                        "ernie4_5-moe"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -374,10 +375,15 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
     if (p->arch && !strcmp(p->arch, "deepseek2"))
         return modelgen_check_deepseek2(p, err);
+    /* ernie4_5-moe: leading dense layers and the selection bias */
+    bool ernie = p->arch && !strcmp(p->arch, "ernie4_5-moe");
+    if (ernie && (p->n_dense_lead < 0 || p->n_dense_lead > p->n_layer))
+        return err_set(err, "ernie4_5-moe's dense leading layers are 0..n_layer");
     if (p->q_lora_rank || p->kv_lora_rank || p->qk_nope_dim || p->qk_rope_dim || p->v_head_dim ||
-        p->n_expert_shared || p->n_dense_lead || p->expert_gating || p->expert_weights_norm ||
-        p->expert_weights_scale || p->n_expert_groups || p->n_expert_groups_used ||
-        p->exp_probs_b || p->yarn_factor || p->yarn_mscale_all_dim)
+        p->n_expert_shared || (p->n_dense_lead && !ernie) || p->expert_gating ||
+        p->expert_weights_norm || p->expert_weights_scale || p->n_expert_groups ||
+        p->n_expert_groups_used || (p->exp_probs_b && !ernie) || p->yarn_factor ||
+        p->yarn_mscale_all_dim)
         return err_set(err, "latent attention, shared expert counts, dense leading layers, "
                             "expert gating, weights, groups and biases and YaRN factors are "
                             "deepseek2's");
@@ -387,7 +393,7 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     bool olmoe = !strcmp(p->arch, "olmoe"), granitemoe = !strcmp(p->arch, "granitemoe");
     bool gptoss = !strcmp(p->arch, "gpt-oss");
     bool moe = olmoe || granitemoe || gptoss || !strcmp(p->arch, "qwen2moe") ||
-               !strcmp(p->arch, "qwen3moe");
+               !strcmp(p->arch, "qwen3moe") || !strcmp(p->arch, "ernie4_5-moe");
     /* gemma's window is ignored (it has none), as its tests write one for the family */
     bool windowed = phi3 || gptoss || !strncmp(p->arch, "gemma", 5) ||
                     !strcmp(p->arch, "exaone4") || !strcmp(p->arch, "cohere2");
@@ -761,6 +767,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     bool cohere2 = strcmp(p->arch, "cohere2") == 0;
     bool cohere = cohere2 || !strcmp(p->arch, "command-r");
     bool seed_oss = strcmp(p->arch, "seed_oss") == 0;
+    /* ERNIE 4.5's experts: llama's layer, dense leading layers, then experts with the
+     * selection bias and, with n_ff_shexp, a shared expert */
+    bool ernie = strcmp(p->arch, "ernie4_5-moe") == 0;
     /* Command-R+'s per-head q/k norms: llama.cpp's command-r has them at 64 layers and more */
     bool qk_heads = cohere && !cohere2 && p->n_layer >= 64;
     /* StableLM's partial_rotary_factor 0.25, GLM-4's and ChatGLM's 0.5 */
@@ -774,7 +783,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
     int ff_shexp = p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
     /* Granite MoE Shared's shared expert only when asked for */
-    bool shexp = qwen2moe || (granitemoe && p->n_ff_shexp > 0);
+    bool shexp = qwen2moe || ((granitemoe || ernie) && p->n_ff_shexp > 0);
     /* RoPE base: qwen's 1e6; gemma3's of its global layers 1e6 (rope_theta), its local
      * layers' 10000 being fixed; llama's and gemma/gemma2's 10000 */
     float rope_base = qwen2 || qwen3 || gemma3 ? 1000000.0f : gptoss ? 150000.0f : 10000.0f;
@@ -853,8 +862,11 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         (p->n_expert &&
          (gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert) < 0 ||
           gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used) < 0)) ||
-        ((qwen2moe || qwen3moe || gptoss) &&
+        ((qwen2moe || qwen3moe || gptoss || ernie) &&
          gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)ff_exp) < 0) ||
+        (ernie && (gguf_writer_set_u32(w, KEY("interleave_moe_layer_step"), 1) < 0 ||
+                   gguf_writer_set_u32(w, KEY("leading_dense_block_count"),
+                                       (uint32_t)p->n_dense_lead) < 0)) ||
         (shexp && gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"),
                                       (uint32_t)ff_shexp) < 0) ||
         ((gemma2 || gemma3) &&
@@ -1036,7 +1048,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
                 ADD(N("post_ffw_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
             continue;
         }
-        if (!p->n_expert) {
+        if (!p->n_expert || l < p->n_dense_lead) {
             ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
             ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
@@ -1060,6 +1072,9 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         }
         if (qwen2moe)
             ADD(N("ffn_gate_inp_shexp.weight"), 1, p->dim, 1, s_dim, 0.0f);
+        /* of the order of the router's probabilities (~1/n_expert): it moves selections */
+        if (p->exp_probs_b)
+            ADD(N("exp_probs_b.bias"), 1, p->n_expert, 1, 0.5f / (float)p->n_expert, 0.0f);
         if (shexp) {
             ADD(N("ffn_gate_shexp.weight"), 2, p->dim, ff_shexp, s_dim, 0.0f);
             ADD(N("ffn_up_shexp.weight"), 2, p->dim, ff_shexp, s_dim, 0.0f);

@@ -64,6 +64,10 @@ typedef struct modelgen_params {
      * ignored) and output.bias, 0.4 of each head rotated unless rope_dims says otherwise),
      * "seed_oss" (Seed-OSS: qwen2's tensors with the feed-forward's norm named
      * post_attention_norm), "hunyuan-dense" (qwen3's tensors, rope.scaling.alpha 1000),
+     * "ernie4_5-moe" (ERNIE-4.5-21B-A3B's layout: llama's tensors, n_dense_lead dense
+     * layers of n_ff, then experts (required) of n_ff_exp with interleave_moe_layer_step 1,
+     * with n_ff_shexp a shared expert in ffn_*_shexp, with exp_probs_b the selection
+     * bias),
      * "gpt-oss" (below),
      * "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The
      * Gemma family as llama.cpp's converter writes it: norm weights near 1 (the
@@ -170,7 +174,8 @@ typedef struct modelgen_params {
     int qk_rope_dim;     /* its rotated ones, rope.dimension_count (even) */
     int v_head_dim;      /* a head's value dimensions */
     int n_expert_shared; /* expert_shared_count */
-    int n_dense_lead;    /* leading_dense_block_count: layers 0..n-1 dense, 0..n_layer */
+    int n_dense_lead;    /* leading_dense_block_count: layers 0..n-1 dense, 0..n_layer
+                            (ernie4_5-moe's too, as its exp_probs_b) */
     int expert_gating;   /* expert_gating_func: 1 softmax, 2 sigmoid; 0 writes none
                             (llama.cpp then takes softmax, as for old V2 files) */
     bool expert_weights_norm;   /* expert_weights_norm true (HF's norm_topk_prob); false

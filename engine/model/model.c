@@ -162,6 +162,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_SEED_OSS] = "seed_oss",
     [MODEL_ARCH_HUNYUAN_DENSE] = "hunyuan-dense",
     [MODEL_ARCH_DEEPSEEK2] = "deepseek2",
+    [MODEL_ARCH_ERNIE4_5_MOE] = "ernie4_5-moe",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -959,6 +960,53 @@ static int model_read_deepseek2(const gguf_file *g, const char *arch, model_hpar
     return 0;
 }
 
+/*
+ * ERNIE 4.5's mixtures of experts (ernie4_5-moe: ERNIE-4.5-21B-A3B, 300B-A47B), as llama.cpp
+ * reads them and HF's Ernie4_5_MoeForCausalLM computes them: llama's attention, the first
+ * leading_dense_block_count layers dense (feed_forward_length), then experts of
+ * expert_feed_forward_length routed by the softmax of the router's logits, chosen by those
+ * plus exp_probs_b (HF's e_score_correction_bias) where the file has it, weighted by the
+ * unbiased probabilities renormalized (no routed scaling: llama.cpp reads none for it, HF
+ * has none); a shared expert of expert_shared_feed_forward_length added ungated where
+ * that is not 0. llama.cpp builds the experts of every layer from the dense ones on and runs them
+ * only where interleave_moe_layer_step divides the layer's number plus 1: a step other
+ * than 1 (which the published models have) is refused.
+ */
+static int model_read_ernie_moe(const gguf_file *g, const char *arch, model_hparams *hp,
+                                char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_ERNIE4_5_MOE)
+        return 0;
+    int step;
+    if (model_require(g, arch, "attention.layer_norm_rms_epsilon", err) < 0 ||
+        model_get_dim(g, arch, "expert_count", -1, &hp->n_expert, err) < 0 ||
+        model_get_dim(g, arch, "expert_used_count", -1, &hp->n_expert_used, err) < 0 ||
+        model_get_dim(g, arch, "expert_feed_forward_length", -1, &hp->n_ff_exp, err) < 0 ||
+        model_get_dim(g, arch, "interleave_moe_layer_step", -1, &step, err) < 0)
+        return -1;
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", arch);
+    if (gguf_find_key(g, key) >= 0 &&
+        model_get_dim(g, arch, "expert_shared_feed_forward_length", 0, &hp->n_ff_shexp, err) < 0)
+        return -1;
+    snprintf(key, sizeof key, "%s.leading_dense_block_count", arch);
+    if (gguf_find_key(g, key) >= 0 &&
+        model_get_dim(g, arch, "leading_dense_block_count", 0, &hp->n_dense_lead, err) < 0)
+        return -1;
+    if (step != 1)
+        return err_set(err, "%s.interleave_moe_layer_step %d: experts on every layer after the "
+                            "dense ones (1) are supported", arch, step);
+    if (hp->n_expert > MODEL_MAX_EXPERTS || hp->n_expert_used > hp->n_expert)
+        return err_set(err, "%s.expert_count %d / expert_used_count %d out of range (at most "
+                            "%d experts)", arch, hp->n_expert, hp->n_expert_used,
+                       MODEL_MAX_EXPERTS);
+    if (hp->n_dense_lead > hp->n_layer)
+        return err_set(err, "%s.leading_dense_block_count %d is above block_count %d", arch,
+                       hp->n_dense_lead, hp->n_layer);
+    hp->expert_norm = true;
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -982,7 +1030,7 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
                        hp->arch == MODEL_ARCH_MISTRAL3 ||
                        hp->arch == MODEL_ARCH_GLM4 || /* GLM's own rotary pairs neighbours */
                        hp->arch == MODEL_ARCH_CHATGLM || hp->arch == MODEL_ARCH_COMMAND_R ||
-                       hp->arch == MODEL_ARCH_COHERE2;
+                       hp->arch == MODEL_ARCH_COHERE2 || hp->arch == MODEL_ARCH_ERNIE4_5_MOE;
     hp->rope_style = interleaved ? MODEL_ROPE_INTERLEAVED : MODEL_ROPE_HALVES;
     /* their experts' sizes have keys of their own: feed_forward_length is only a default */
     bool qwen_moe = hp->arch == MODEL_ARCH_QWEN2MOE || hp->arch == MODEL_ARCH_QWEN3MOE ||
@@ -1065,7 +1113,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         model_read_cohere(m->g, arch, hp, err) < 0 ||
         model_read_starcoder2_phi2(m->g, arch, hp, err) < 0 ||
         model_read_hunyuan(m->g, arch, hp, err) < 0 ||
-        model_read_deepseek2(m->g, arch, hp, err) < 0)
+        model_read_deepseek2(m->g, arch, hp, err) < 0 ||
+        model_read_ernie_moe(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -1184,7 +1233,13 @@ static int model_load_experts(model *m, model_layer *L, int l, char err[ERR_MAX]
         model_experts(m, NAME("ffn_down_exps.weight"), hp->dim, hp->n_ff_exp, &L->down_exps,
                       err) < 0)
         return -1;
-    /* qwen2moe's shared expert has a gate of its own, granitemoe's none */
+    /* deepseek2's and ernie4_5-moe's selection bias (HF's e_score_correction_bias) */
+    bool bias = hp->arch == MODEL_ARCH_DEEPSEEK2 || hp->arch == MODEL_ARCH_ERNIE4_5_MOE;
+    if (bias && gguf_find_tensor(m->g, NAME("exp_probs_b.bias")) &&
+        model_vector(m, NAME("exp_probs_b.bias"), hp->n_expert, &L->exp_probs_b, err) < 0)
+        return -1;
+    /* qwen2moe's shared expert has a gate of its own, granitemoe's, deepseek2's and
+     * ernie4_5-moe's none */
     if (hp->n_ff_shexp &&
         ((hp->arch == MODEL_ARCH_QWEN2MOE &&
           model_vector(m, NAME("ffn_gate_inp_shexp.weight"), hp->dim, &L->shexp_gate, err) < 0) ||
@@ -1423,9 +1478,8 @@ static int model_load_mla_kv_b(model *m, model_layer *L, int l, char err[ERR_MAX
     return 0;
 }
 
-/* deepseek2's attention tensors of layer l (model_layer), and DeepSeek-V3's selection
- * bias of its experts where the file has it. attn_k_b and attn_v_b are 3-D, a matrix per
- * head, read as one matrix of all the heads' rows (as merged experts). */
+/* deepseek2's attention tensors of layer l (model_layer). attn_k_b and attn_v_b are 3-D, a
+ * matrix per head, read as one matrix of all the heads' rows (as merged experts). */
 static int model_load_mla(model *m, model_layer *L, int l, char err[ERR_MAX])
 {
     const model_hparams *hp = &m->hp;
@@ -1451,9 +1505,6 @@ static int model_load_mla(model *m, model_layer *L, int l, char err[ERR_MAX])
     if (        model_vector(m, NAME("attn_kv_a_norm.weight"), hp->mla_kv_rank, &L->kv_a_norm, err) < 0 ||
         model_matrix(m, NAME("attn_kv_a_mqa.weight"), hp->mla_kv_rank + hp->rope_dims, hp->dim,
                      &L->wkv_a, err) < 0)
-        return -1;
-    if (model_layer_has_experts(hp, l) && gguf_find_tensor(m->g, NAME("exp_probs_b.bias")) &&
-        model_vector(m, NAME("exp_probs_b.bias"), hp->n_expert, &L->exp_probs_b, err) < 0)
         return -1;
 #undef NAME
     return 0;

@@ -2,7 +2,8 @@
  * llmsd serves a file of each of the smaller architectures (olmo2, granitemoe with a
  * shared expert, smollm3, exaone, stablelm, mistral3, exaone4 with the 32B's hybrid
  * attention, glm4, chatglm, command-r, cohere2 with a window of 8, starcoder2, phi2,
- * seed_oss, hunyuan-dense, deepseek2 (DeepSeek-V3's routing, its latent cache), and
+ * seed_oss, hunyuan-dense, deepseek2 (DeepSeek-V3's routing, its latent cache),
+ * ernie4_5-moe, and
  * a qwen3 file renamed qwen3vl as Qwen3-VL's language model): a random-weight model of each (modelgen, 4 layers, F32) on the test data's llama SPM
  * vocabulary; the daemon reports the architecture and
  * llama.cpp's /completion on token ids answers with the ids, log-probabilities and
@@ -254,6 +255,16 @@ static void serves_deepseek2(void)
     serves(p);
 }
 
+/* ERNIE-4.5-21B-A3B's layout: a dense first layer, experts with the selection bias, a
+ * shared expert */
+static void serves_ernie_moe(void)
+{
+    modelgen_params p = small("ernie4_5-moe");
+    p.n_head_kv = 2, p.n_expert = 8, p.n_expert_used = 2, p.n_ff_exp = 64;
+    p.n_ff_shexp = 128, p.n_dense_lead = 1, p.exp_probs_b = true;
+    serves(p);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -279,5 +290,6 @@ int main(int argc, char **argv)
     RUN(serves_seed_oss);
     RUN(serves_hunyuan_dense);
     RUN(serves_deepseek2);
+    RUN(serves_ernie_moe);
     return test_finish();
 }

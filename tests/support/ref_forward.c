@@ -7,6 +7,9 @@
  * sigmoid(shared_expert_gate(x)) * shared_expert(x). GraniteMoE (GraniteMoeMoE,
  * GraniteMoeTopKGating) takes the top-k router logits and a softmax over those alone, with
  * granite's multipliers around it; GraniteMoeShared adds its shared_mlp(x), ungated.
+ * ERNIE 4.5's (Ernie4_5_MoeSparseMoeBlock) chooses by the probabilities plus its
+ * e_score_correction_bias, weights the chosen by their probabilities renormalized, adds
+ * its shared experts ungated, after moe_layer_start_index dense layers.
  * OLMoE's attention normalizes all of q and all of k (OlmoeAttention's q_norm, k_norm)
  * before RoPE.
  *
@@ -123,6 +126,8 @@ typedef struct ref_layer {
     double *gate_exps, *up_exps;      /* (n_expert, n_ff_exp, dim) */
     double *down_exps;                /* (n_expert, dim, n_ff_exp) */
     double *shexp_gate;               /* (dim) or NULL */
+    double *probs_b;                  /* (n_expert) ERNIE 4.5's e_score_correction_bias, or
+                                         NULL */
     double *post_attn, *post_ffn;     /* (dim) or NULL (gemma2, gemma3) */
     /* gpt-oss, else NULL */
     double *sinks;                    /* (n_head) */
@@ -146,6 +151,7 @@ struct ref_model {
     int rotary_dim;              /* phi3: partial_rotary_factor * head_dim */
     int n_expert, n_expert_used, n_ff_exp, n_ff_shexp; /* n_expert 0: dense */
     bool norm_topk_prob;
+    int n_dense_lead; /* ERNIE 4.5's: the first n_dense_lead layers dense (n_ff) */
     bool qk_norm_whole; /* OlmoeAttention, Olmo2Attention: q_norm and k_norm over the whole
                            projections */
     bool no_input_norms; /* Olmo2DecoderLayer, Exaone4DecoderLayer: attn_norm and ffn_norm
@@ -338,7 +344,7 @@ ref_model *ref_model_load(const gguf_file *g)
                                         "granitemoe", "smollm3", "exaone", "stablelm",
                                         "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
                                         "command-r", "cohere2", "starcoder2", "phi2",
-                                        "seed_oss", "hunyuan-dense"};
+                                        "seed_oss", "hunyuan-dense", "ernie4_5-moe"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -356,8 +362,9 @@ ref_model *ref_model_load(const gguf_file *g)
     m->gptoss = !strcmp(arch, "gpt-oss");
     /* llama's SwiGLU and attention, with their own parts */
     m->glm4 = !strcmp(arch, "glm4") || !strcmp(arch, "chatglm");
+    bool ernie = !strcmp(arch, "ernie4_5-moe");
     bool llama_layer =
-        !strcmp(arch, "smollm3") || !strcmp(arch, "mistral3") || m->glm4 || cohere;
+        !strcmp(arch, "smollm3") || !strcmp(arch, "mistral3") || m->glm4 || cohere || ernie;
     /* StarCoder2's attention is qwen2's too (biases, halves), its norms StableLM's */
     bool phi2 = !strcmp(arch, "phi2");
     m->ungated = !strcmp(arch, "starcoder2") || phi2;
@@ -389,9 +396,12 @@ ref_model *ref_model_load(const gguf_file *g)
     m->n_expert = ref_u32(g, arch, "expert_count", 0);
     m->n_expert_used = ref_u32(g, arch, "expert_used_count", 0);
     m->n_ff_exp = ref_u32(g, arch, "expert_feed_forward_length", m->n_ff);
-    m->n_ff_shexp = qwen2moe     ? ref_u32(g, arch, "expert_shared_feed_forward_length", m->n_ff)
-                    : granitemoe ? ref_u32(g, arch, "expert_shared_feed_forward_length", 0)
-                                 : 0;
+    m->n_ff_shexp = qwen2moe ? ref_u32(g, arch, "expert_shared_feed_forward_length", m->n_ff)
+                    : granitemoe || ernie
+                        ? ref_u32(g, arch, "expert_shared_feed_forward_length", 0)
+                        : 0;
+    /* Ernie4_5_MoeModel: moe_layer_start_index's dense layers */
+    m->n_dense_lead = ernie ? ref_u32(g, arch, "leading_dense_block_count", 0) : 0;
     m->norm_topk_prob = !qwen2moe && !olmoe;
     if (m->n_expert > REF_MAX_EXPERTS) {
         free(m);
@@ -510,8 +520,9 @@ ref_model *ref_model_load(const gguf_file *g)
                 return NULL;
             }
         }
-        if (m->n_expert) {
+        if (m->n_expert && l >= m->n_dense_lead) {
             L->router = T("ffn_gate_inp.weight");
+            L->probs_b = T("exp_probs_b.bias");
             L->gate_exps = T("ffn_gate_exps.weight");
             L->up_exps = T("ffn_up_exps.weight");
             L->down_exps = T("ffn_down_exps.weight");
@@ -538,7 +549,8 @@ ref_model *ref_model_load(const gguf_file *g)
             L->c_proj_b = T("ffn_down.bias");
         }
 #undef T
-        bool ffn = m->n_expert ? L->router && L->gate_exps && L->up_exps && L->down_exps &&
+        bool ffn = m->n_expert && l >= m->n_dense_lead
+                       ? L->router && L->gate_exps && L->up_exps && L->down_exps &&
                                      (!qwen2moe || L->shexp_gate) &&
                                      (!m->n_ff_shexp || (L->gate && L->up && L->down))
                    : m->ungated ? L->up && L->down && L->c_fc_b && L->c_proj_b
@@ -571,7 +583,8 @@ void ref_model_free(ref_model *m)
         double *all[] = {L->attn_norm, L->ffn_norm, L->wq,        L->wk,      L->wv,
                          L->wo,        L->bq,       L->bk,        L->bv,      L->q_norm,
                          L->k_norm,    L->gate,     L->up,        L->down,    L->router,
-                         L->gate_exps, L->up_exps,  L->down_exps, L->shexp_gate, L->post_attn,
+                         L->gate_exps, L->up_exps,  L->down_exps, L->shexp_gate, L->probs_b,
+                         L->post_attn,
                          L->post_ffn,  L->attn_norm_b, L->ffn_norm_b, L->sinks, L->bo,
                          L->router_b,  L->gate_b,   L->up_b,      L->down_b,  L->c_fc_b,
                          L->c_proj_b};
@@ -806,11 +819,16 @@ static void ref_moe(const ref_model *m, const ref_layer *L, double *y, const dou
         sum += prob[e] = exp(prob[e] - max);
     for (int e = 0; e < ne; e++)
         prob[e] /= sum;
+    /* Ernie4_5_MoeStatics: the choice by the probabilities plus the correction bias, the
+     * weights the probabilities */
+    double score[REF_MAX_EXPERTS];
+    for (int e = 0; e < ne; e++)
+        score[e] = prob[e] + (L->probs_b ? L->probs_b[e] : 0);
     double top_sum = 0;
     for (int j = 0; j < m->n_expert_used; j++) {
         int best = -1;
         for (int e = 0; e < ne; e++)
-            if (!chosen[e] && (best < 0 || prob[e] > prob[best]))
+            if (!chosen[e] && (best < 0 || score[e] > score[best]))
                 best = e;
         chosen[best] = true;
         top_sum += prob[best];
@@ -855,8 +873,10 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
     double *v = malloc((size_t)n * kvd * sizeof(double));
     double *o = malloc((size_t)qd * sizeof(double));
     int ff = m->n_ff;
-    if (m->n_expert)
-        ff = m->n_ff_exp > m->n_ff_shexp ? m->n_ff_exp : m->n_ff_shexp;
+    if (m->n_expert) {
+        int exp_ff = m->n_ff_exp > m->n_ff_shexp ? m->n_ff_exp : m->n_ff_shexp;
+        ff = m->n_dense_lead && m->n_ff > exp_ff ? m->n_ff : exp_ff;
+    }
     double *tmp = malloc((size_t)(dim > ff ? dim : ff) * sizeof(double));
     double *tmp2 = malloc((size_t)dim * sizeof(double));
     double *g = malloc((size_t)ff * sizeof(double));
@@ -967,7 +987,7 @@ void ref_forward(const ref_model *m, int n, const int32_t *tokens, const int32_t
             int *route = m->routes ? m->routes + ((size_t)l * n + t) * m->n_expert_used : NULL;
             if (m->gptoss)
                 ref_gptoss_moe(m, L, tmp, xn, tmp2, g, u, route);
-            else if (m->n_expert)
+            else if (m->n_expert && l >= m->n_dense_lead)
                 ref_moe(m, L, tmp, xn, tmp2, g, u, route);
             else if (m->ungated)
                 ref_ungated_mlp(m, L, tmp, xn, u);
