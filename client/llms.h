@@ -531,7 +531,8 @@ typedef struct llms_model_info {
                                qwen2moe, qwen3moe, olmoe, gemma, gemma2, gemma3, olmo2,
                                granitemoe, smollm3, exaone, exaone4, stablelm, mistral3,
                                glm4, chatglm, command-r, cohere2, starcoder2, phi2, seed_oss,
-                               hunyuan-dense, deepseek2, ernie4_5-moe, gpt-oss,
+                               hunyuan-dense, deepseek2, ernie4_5-moe, glm4moe,
+                               gpt-oss,
                                internlm2, ernie4_5, xverse, qwen2vl, qwen3vl, qwen3vlmoe
                                (their text models), bert, nomic-bert, gemma-embedding */
     char *type;             /* "decoder", "encoder" or "cross-encoder" */

@@ -65,7 +65,7 @@ static const key_def keys[] = {
           "qwen2moe, qwen3moe, olmoe, gemma, gemma2, gemma3, olmo2, granitemoe, smollm3, "
           "exaone, exaone4, stablelm, mistral3, glm4, chatglm, command-r, cohere2, "
           "starcoder2, phi2, seed_oss, hunyuan-dense, internlm2, ernie4_5, xverse, deepseek2, "
-          "ernie4_5-moe or gpt-oss model, Mixtral's "
+          "ernie4_5-moe, glm4moe or gpt-oss model, Mixtral's "
           "llama with experts too, or the language model of a qwen2vl, qwen3vl or qwen3vlmoe "
           "conversion, text only), required "
           "unless a `model.NAME` line has the `generate` role; its registry "

@@ -5,7 +5,7 @@
  *           --arch llama|qwen2|qwen3|phi3|granite|qwen2moe|qwen3moe|olmoe|gemma|gemma2|gemma3
  *                  |olmo2|granitemoe|smollm3|exaone|stablelm|mistral3|exaone4|glm4|chatglm
  *                  |command-r|cohere2|starcoder2|phi2|seed_oss|hunyuan-dense|gpt-oss|deepseek2
- *                  |ernie4_5-moe|bert|nomic-bert|gemma-embedding
+ *                  |ernie4_5-moe|glm4moe|bert|nomic-bert|gemma-embedding
  *           --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]
  *            [--expert-type mxfp4|type]]
@@ -111,7 +111,7 @@ static void usage(FILE *out)
             "                      gemma|gemma2|gemma3|olmo2|granitemoe|smollm3|exaone|\n"
             "                      stablelm|mistral3|exaone4|glm4|chatglm|command-r|cohere2|\n"
             "                      starcoder2|phi2|seed_oss|hunyuan-dense|gpt-oss|deepseek2|\n"
-            "                      ernie4_5-moe|bert|nomic-bert|gemma-embedding\n"
+            "                      ernie4_5-moe|glm4moe|bert|nomic-bert|gemma-embedding\n"
             "               --dim D --layers L --heads H --kv-heads KH --ffn F --ctx C\n"
             "               [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]\n"
             "                [--expert-type mxfp4|type]]\n"
@@ -154,6 +154,9 @@ static void usage(FILE *out)
             "               [--yarn-factor F [--mscale-all-dim M]]  (V2's YaRN)\n"
             "               ernie4_5-moe (experts required; --shared-ffn F a shared expert):\n"
             "               [--dense-lead N] [--exp-probs-b]\n"
+            "               glm4moe (experts required): [--shared-experts N] [--dense-lead N]\n"
+            "               [--gating softmax|sigmoid] [--norm-weights] [--weights-scale F]\n"
+            "               [--nextn N]  (prediction layers after the model's)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)\n"
             "               [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...\n"
             "       mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A]\n"
@@ -381,6 +384,8 @@ int main(int argc, char **argv)
             p.n_expert_shared = int_arg(a, v);
         else if (!strcmp(a, "--dense-lead"))
             p.n_dense_lead = int_arg(a, v);
+        else if (!strcmp(a, "--nextn"))
+            p.nextn_layers = int_arg(a, v);
         else if (!strcmp(a, "--gating")) {
             p.expert_gating = !strcmp(v, "softmax") ? 1 : !strcmp(v, "sigmoid") ? 2 : 0;
             if (!p.expert_gating)

@@ -403,8 +403,8 @@ static int probe(models_entry *e, char err[ERR_MAX])
                               "gemma3, olmo2, granitemoe, smollm3, exaone, exaone4, stablelm, "
                               "mistral3, glm4, chatglm, command-r, cohere2, starcoder2, phi2, "
                               "seed_oss, hunyuan-dense, internlm2, ernie4_5, xverse, deepseek2, "
-                              "ernie4_5-moe, qwen2vl, qwen3vl, qwen3vlmoe, gpt-oss, bert, "
-                              "nomic-bert, gemma-embedding)", e->path,
+                              "ernie4_5-moe, glm4moe, qwen2vl, qwen3vl, qwen3vlmoe, gpt-oss, "
+                              "bert, nomic-bert, gemma-embedding)", e->path,
                               e->arch);
     }
     if (rc == 0 && check_shapes(g, e->type, why) < 0)

@@ -298,7 +298,7 @@ static bool modelgen_decoder_arch(const char *name, size_t len)
                                         "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
                                         "command-r", "cohere2", "starcoder2", "phi2",
                                         "seed_oss", "hunyuan-dense", "deepseek2",
-                                        "ernie4_5-moe"};
+                                        "ernie4_5-moe", "glm4moe"};
     return modelgen_name_in(names, sizeof names / sizeof *names, name, len);
 }
 
@@ -375,13 +375,22 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
 {
     if (p->arch && !strcmp(p->arch, "deepseek2"))
         return modelgen_check_deepseek2(p, err);
-    /* ernie4_5-moe: leading dense layers and the selection bias */
+    /* ernie4_5-moe: leading dense layers and the selection bias; glm4moe: those, shared
+     * experts, the gating, the weights' norm and scale, the prediction layers */
     bool ernie = p->arch && !strcmp(p->arch, "ernie4_5-moe");
-    if (ernie && (p->n_dense_lead < 0 || p->n_dense_lead > p->n_layer))
-        return err_set(err, "ernie4_5-moe's dense leading layers are 0..n_layer");
+    bool glm4moe = p->arch && !strcmp(p->arch, "glm4moe");
+    if ((ernie || glm4moe) && (p->n_dense_lead < 0 || p->n_dense_lead > p->n_layer))
+        return err_set(err, "%s's dense leading layers are 0..n_layer", p->arch);
+    if (glm4moe && (p->n_expert_shared < 0 || p->expert_gating < 0 || p->expert_gating > 2 ||
+                    !(p->expert_weights_scale >= 0) || p->nextn_layers < 0 || p->n_ff_shexp))
+        return err_set(err, "glm4moe's shared experts and prediction layers are counts, its "
+                            "gating 0, 1 or 2, its scale not negative, no n_ff_shexp");
+    if (p->nextn_layers && !glm4moe)
+        return err_set(err, "prediction layers (nextn_layers) are glm4moe's");
     if (p->q_lora_rank || p->kv_lora_rank || p->qk_nope_dim || p->qk_rope_dim || p->v_head_dim ||
-        p->n_expert_shared || (p->n_dense_lead && !ernie) || p->expert_gating ||
-        p->expert_weights_norm || p->expert_weights_scale || p->n_expert_groups ||
+        (p->n_expert_shared && !glm4moe) || (p->n_dense_lead && !ernie && !glm4moe) ||
+        (p->expert_gating && !glm4moe) || (p->expert_weights_norm && !glm4moe) ||
+        (p->expert_weights_scale && !glm4moe) || p->n_expert_groups ||
         p->n_expert_groups_used || (p->exp_probs_b && !ernie) || p->yarn_factor ||
         p->yarn_mscale_all_dim)
         return err_set(err, "latent attention, shared expert counts, dense leading layers, "
@@ -393,7 +402,8 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
     bool olmoe = !strcmp(p->arch, "olmoe"), granitemoe = !strcmp(p->arch, "granitemoe");
     bool gptoss = !strcmp(p->arch, "gpt-oss");
     bool moe = olmoe || granitemoe || gptoss || !strcmp(p->arch, "qwen2moe") ||
-               !strcmp(p->arch, "qwen3moe") || !strcmp(p->arch, "ernie4_5-moe");
+               !strcmp(p->arch, "qwen3moe") || !strcmp(p->arch, "ernie4_5-moe") ||
+               !strcmp(p->arch, "glm4moe");
     /* gemma's window is ignored (it has none), as its tests write one for the family */
     bool windowed = phi3 || gptoss || !strncmp(p->arch, "gemma", 5) ||
                     !strcmp(p->arch, "exaone4") || !strcmp(p->arch, "cohere2");
@@ -770,20 +780,27 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     /* ERNIE 4.5's experts: llama's layer, dense leading layers, then experts with the
      * selection bias and, with n_ff_shexp, a shared expert */
     bool ernie = strcmp(p->arch, "ernie4_5-moe") == 0;
+    /* GLM-4.5's: qwen2's attention with half of each head rotated, post_attention_norm as
+     * the feed-forward's norm, dense leading layers, experts with the selection bias (always)
+     * and expert_shared_count shared ones, and nextn_layers prediction layers after the
+     * model's (their nextn tensors beside a layer's own, as its converter writes them) */
+    bool glm4moe = strcmp(p->arch, "glm4moe") == 0;
     /* Command-R+'s per-head q/k norms: llama.cpp's command-r has them at 64 layers and more */
     bool qk_heads = cohere && !cohere2 && p->n_layer >= 64;
     /* StableLM's partial_rotary_factor 0.25, GLM-4's and ChatGLM's 0.5 */
     int rope_dims = p->rope_dims ? p->rope_dims
                     : stablelm   ? (hd / 4 + 1) / 2 * 2
-                    : glm        ? (hd / 2 + 1) / 2 * 2
+                    : glm || glm4moe ? (hd / 2 + 1) / 2 * 2
                                  : hd;
     /* Phi-2's partial_rotary_factor 0.4, as its converter rounds it (32 of 80) */
     if (phi2 && !p->rope_dims)
         rope_dims = (int)(0.4 * p->dim) / p->n_head / 2 * 2;
     int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
-    int ff_shexp = p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
+    int ff_shexp = glm4moe ? ff_exp * p->n_expert_shared : p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
     /* Granite MoE Shared's shared expert only when asked for */
-    bool shexp = qwen2moe || ((granitemoe || ernie) && p->n_ff_shexp > 0);
+    bool shexp = qwen2moe || ((granitemoe || ernie) && p->n_ff_shexp > 0) ||
+                 (glm4moe && p->n_expert_shared > 0);
+    int n_blocks = p->n_layer + p->nextn_layers; /* glm4moe's prediction layers after */
     /* RoPE base: qwen's 1e6; gemma3's of its global layers 1e6 (rope_theta), its local
      * layers' 10000 being fixed; llama's and gemma/gemma2's 10000 */
     float rope_base = qwen2 || qwen3 || gemma3 ? 1000000.0f : gptoss ? 150000.0f : 10000.0f;
@@ -846,7 +863,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)n_vocab) < 0 ||
         gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)p->n_ctx) < 0 ||
         gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)p->dim) < 0 ||
-        gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)p->n_layer) < 0 ||
+        gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)n_blocks) < 0 ||
         gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)p->n_ff) < 0 ||
         gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)p->n_head) < 0 ||
         gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv) < 0 ||
@@ -862,8 +879,18 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         (p->n_expert &&
          (gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert) < 0 ||
           gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used) < 0)) ||
-        ((qwen2moe || qwen3moe || gptoss || ernie) &&
+        ((qwen2moe || qwen3moe || gptoss || ernie || glm4moe) &&
          gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)ff_exp) < 0) ||
+        (glm4moe &&
+         (gguf_writer_set_u32(w, KEY("expert_shared_count"), (uint32_t)p->n_expert_shared) < 0 ||
+          gguf_writer_set_u32(w, KEY("leading_dense_block_count"), (uint32_t)p->n_dense_lead) < 0 ||
+          (p->nextn_layers && gguf_writer_set_u32(w, KEY("nextn_predict_layers"),
+                                                  (uint32_t)p->nextn_layers) < 0) ||
+          (p->expert_gating &&
+           gguf_writer_set_u32(w, KEY("expert_gating_func"), (uint32_t)p->expert_gating) < 0) ||
+          (p->expert_weights_norm && gguf_writer_set_bool(w, KEY("expert_weights_norm"), true) < 0) ||
+          (p->expert_weights_scale > 0 &&
+           gguf_writer_set_f32(w, KEY("expert_weights_scale"), p->expert_weights_scale) < 0))) ||
         (ernie && (gguf_writer_set_u32(w, KEY("interleave_moe_layer_step"), 1) < 0 ||
                    gguf_writer_set_u32(w, KEY("leading_dense_block_count"),
                                        (uint32_t)p->n_dense_lead) < 0)) ||
@@ -938,7 +965,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
     }
 #undef KEY
 
-    int max_t = 5 + p->n_layer * 20;
+    int max_t = 5 + n_blocks * 24;
     ts = calloc((size_t)max_t, sizeof *ts);
     if (!ts) {
         err_set(err, "out of memory");
@@ -978,9 +1005,15 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         ADD("rope_factors_long.weight", 1, rope_dims / 2, 1, 1.5f, 4.0f);
         ADD("rope_factors_short.weight", 1, rope_dims / 2, 1, 0.1f, 1.2f);
     }
-    for (int l = 0; l < p->n_layer; l++) {
+    for (int l = 0; l < n_blocks; l++) {
         char nm[64];
 #define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
+        if (l >= p->n_layer) { /* GLM-4.5's multi-token prediction: its own tensors too */
+            ADD(N("nextn.eh_proj.weight"), 2, 2 * p->dim, p->dim, s_dim, 0.0f);
+            ADD(N("nextn.enorm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+            ADD(N("nextn.hnorm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+            ADD(N("nextn.shared_head_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        }
         if (!post_norms_only)
             ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (layer_norm)
@@ -995,7 +1028,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
         }
         /* StableLM 2 1.6B's q/k/v biases, StarCoder2's, Phi-2's, GLM-4-0414's, Seed-OSS's */
-        if (qwen2 || gptoss || layer_norm || glm4 || seed_oss) {
+        if (qwen2 || gptoss || layer_norm || glm4 || seed_oss || glm4moe) {
             ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
@@ -1023,12 +1056,12 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         }
         /* gpt-oss's and Seed-OSS's feed-forward norm, named after HF's
          * post_attention_layernorm */
-        if (gptoss || seed_oss)
+        if (gptoss || seed_oss || glm4moe)
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (gemma2 || gemma3 || post_norms_only || glm4)
             ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         /* Cohere's and Phi-2's feed-forward read attn_norm's output */
-        if (!post_norms_only && !gptoss && !cohere && !phi2 && !seed_oss)
+        if (!post_norms_only && !gptoss && !cohere && !phi2 && !seed_oss && !glm4moe)
             ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
         if (layer_norm && !phi2)
             ADD(N("ffn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
@@ -1073,7 +1106,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         if (qwen2moe)
             ADD(N("ffn_gate_inp_shexp.weight"), 1, p->dim, 1, s_dim, 0.0f);
         /* of the order of the router's probabilities (~1/n_expert): it moves selections */
-        if (p->exp_probs_b)
+        if (p->exp_probs_b || glm4moe)
             ADD(N("exp_probs_b.bias"), 1, p->n_expert, 1, 0.5f / (float)p->n_expert, 0.0f);
         if (shexp) {
             ADD(N("ffn_gate_shexp.weight"), 2, p->dim, ff_shexp, s_dim, 0.0f);

@@ -67,7 +67,12 @@ typedef struct modelgen_params {
      * "ernie4_5-moe" (ERNIE-4.5-21B-A3B's layout: llama's tensors, n_dense_lead dense
      * layers of n_ff, then experts (required) of n_ff_exp with interleave_moe_layer_step 1,
      * with n_ff_shexp a shared expert in ffn_*_shexp, with exp_probs_b the selection
-     * bias),
+     * bias), "glm4moe" (GLM-4.5's layout: qwen2's tensors and biases, half of each head
+     * rotated unless rope_dims says otherwise, post_attention_norm as the feed-forward's
+     * norm, n_dense_lead dense layers of n_ff, then experts (required) of n_ff_exp with
+     * exp_probs_b and n_expert_shared shared ones in one ffn_*_shexp, expert_gating,
+     * expert_weights_norm and expert_weights_scale as deepseek2's, and nextn_layers
+     * multi-token-prediction layers after the model's),
      * "gpt-oss" (below),
      * "bert" or "nomic-bert" (the encoders and olmoe: n_head_kv must equal n_head). The
      * Gemma family as llama.cpp's converter writes it: norm weights near 1 (the
@@ -193,6 +198,9 @@ typedef struct modelgen_params {
      * 0.1 * it, as the converter writes it. yarn_factor 0: no scaling keys;
      * yarn_mscale_all_dim 0: no yarn_log_multiplier. */
     float yarn_factor, yarn_mscale_all_dim;
+    /* glm4moe: nextn_predict_layers, layers after the model's with their nextn tensors
+     * (eh_proj, enorm, hnorm, shared_head_norm), which no forward runs; 0: none */
+    int nextn_layers;
     /* Vocabulary: all tokenizer.* metadata is copied from vocab and n_vocab is its token
      * count. With vocab NULL a synthetic vocabulary of n_vocab tokens is written
      * ("<unk>", "<s>", "</s>", then "tok3", "tok4", ...; BOS 1, EOS 2). */

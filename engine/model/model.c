@@ -163,6 +163,7 @@ static const char *const model_arch_names[] = {
     [MODEL_ARCH_HUNYUAN_DENSE] = "hunyuan-dense",
     [MODEL_ARCH_DEEPSEEK2] = "deepseek2",
     [MODEL_ARCH_ERNIE4_5_MOE] = "ernie4_5-moe",
+    [MODEL_ARCH_GLM4MOE] = "glm4moe",
     [MODEL_ARCH_GPTOSS] = "gpt-oss",
 };
 
@@ -1007,6 +1008,65 @@ static int model_read_ernie_moe(const gguf_file *g, const char *arch, model_hpar
     return 0;
 }
 
+/*
+ * GLM-4.5, GLM-4.5-Air and GLM-4.6 (glm4moe), as llama.cpp reads them: the experts of
+ * expert_feed_forward_length (required) with expert_shared_count shared ones in one
+ * ffn_*_shexp, leading_dense_block_count dense layers, routing by expert_gating_func
+ * (sigmoid when absent), the selection bias exp_probs_b (required), expert_weights_norm and
+ * expert_weights_scale; no groups (llama.cpp reads none for it). block_count counts the
+ * nextn_predict_layers multi-token-prediction layers at the end, which no forward runs:
+ * the model is the layers before them. GLM-4.5V's M-RoPE sections are refused.
+ */
+static int model_read_glm4moe(const gguf_file *g, const char *arch, model_hparams *hp,
+                              char err[ERR_MAX])
+{
+    if (hp->arch != MODEL_ARCH_GLM4MOE)
+        return 0;
+    char key[128];
+    snprintf(key, sizeof key, "%s.rope.dimension_sections", arch);
+    if (gguf_find_key(g, key) >= 0)
+        return err_set(err, "%s: GLM-4.5V's M-RoPE is not supported", key);
+    int shared = 0, nextn = 0;
+    uint32_t gating = 2;
+    if (model_require(g, arch, "attention.layer_norm_rms_epsilon", err) < 0 ||
+        model_get_dim(g, arch, "expert_count", -1, &hp->n_expert, err) < 0 ||
+        model_get_dim(g, arch, "expert_used_count", -1, &hp->n_expert_used, err) < 0 ||
+        model_get_dim(g, arch, "expert_feed_forward_length", -1, &hp->n_ff_exp, err) < 0 ||
+        model_require(g, arch, "expert_shared_count", err) < 0 ||
+        model_get_float(g, arch, "expert_weights_scale", 0.0f, &hp->expert_scale, err) < 0 ||
+        model_get_flag(g, arch, "expert_weights_norm", &hp->expert_norm, err) < 0)
+        return -1;
+    const char *const counts[] = {"expert_shared_count", "leading_dense_block_count",
+                                  "nextn_predict_layers"};
+    int *const into[] = {&shared, &hp->n_dense_lead, &nextn};
+    for (int i = 0; i < 3; i++) {
+        snprintf(key, sizeof key, "%s.%s", arch, counts[i]);
+        int64_t v = 0;
+        if (gguf_find_key(g, key) >= 0 && (!gguf_get_i64(g, key, &v) || v < 0 || v > 4096))
+            return err_set(err, "metadata key '%s' is not an integer in [0, 4096]", key);
+        *into[i] = (int)v;
+    }
+    snprintf(key, sizeof key, "%s.expert_gating_func", arch);
+    if (gguf_find_key(g, key) >= 0 && (!gguf_get_u32(g, key, &gating) || gating > 2))
+        return err_set(err, "metadata key '%s' is not 1 (softmax) or 2 (sigmoid)", key);
+    hp->expert_sigmoid = gating != 1;
+    if (nextn >= hp->n_layer)
+        return err_set(err, "%s.nextn_predict_layers %d is not below block_count %d", arch,
+                       nextn, hp->n_layer);
+    hp->n_layer -= nextn;
+    if (hp->n_expert > MODEL_MAX_EXPERTS || hp->n_expert_used > hp->n_expert)
+        return err_set(err, "%s.expert_count %d / expert_used_count %d out of range (at most "
+                            "%d experts)", arch, hp->n_expert, hp->n_expert_used,
+                       MODEL_MAX_EXPERTS);
+    if ((int64_t)shared * hp->n_ff_exp > MODEL_MAX_DIM)
+        return err_set(err, "%s.expert_shared_count %d too large", arch, shared);
+    hp->n_ff_shexp = shared * hp->n_ff_exp;
+    if (hp->n_dense_lead > hp->n_layer)
+        return err_set(err, "%s.leading_dense_block_count %d is above the %d layers", arch,
+                       hp->n_dense_lead, hp->n_layer);
+    return 0;
+}
+
 static int model_read_hparams(model *m, char err[ERR_MAX])
 {
     model_hparams *hp = &m->hp;
@@ -1114,7 +1174,8 @@ static int model_read_hparams(model *m, char err[ERR_MAX])
         model_read_starcoder2_phi2(m->g, arch, hp, err) < 0 ||
         model_read_hunyuan(m->g, arch, hp, err) < 0 ||
         model_read_deepseek2(m->g, arch, hp, err) < 0 ||
-        model_read_ernie_moe(m->g, arch, hp, err) < 0)
+        model_read_ernie_moe(m->g, arch, hp, err) < 0 ||
+        model_read_glm4moe(m->g, arch, hp, err) < 0)
         return -1;
     return model_read_pooling_type(m->g, arch, &hp->pooling_type, err);
 }
@@ -1233,13 +1294,15 @@ static int model_load_experts(model *m, model_layer *L, int l, char err[ERR_MAX]
         model_experts(m, NAME("ffn_down_exps.weight"), hp->dim, hp->n_ff_exp, &L->down_exps,
                       err) < 0)
         return -1;
-    /* deepseek2's and ernie4_5-moe's selection bias (HF's e_score_correction_bias) */
+    /* deepseek2's and ernie4_5-moe's selection bias (HF's e_score_correction_bias) where the
+     * file has it, glm4moe's always, as llama.cpp requires it */
     bool bias = hp->arch == MODEL_ARCH_DEEPSEEK2 || hp->arch == MODEL_ARCH_ERNIE4_5_MOE;
-    if (bias && gguf_find_tensor(m->g, NAME("exp_probs_b.bias")) &&
+    if (((bias && gguf_find_tensor(m->g, NAME("exp_probs_b.bias"))) ||
+         hp->arch == MODEL_ARCH_GLM4MOE) &&
         model_vector(m, NAME("exp_probs_b.bias"), hp->n_expert, &L->exp_probs_b, err) < 0)
         return -1;
-    /* qwen2moe's shared expert has a gate of its own, granitemoe's, deepseek2's and
-     * ernie4_5-moe's none */
+    /* qwen2moe's shared expert has a gate of its own, granitemoe's, deepseek2's, glm4moe's
+     * and ernie4_5-moe's none */
     if (hp->n_ff_shexp &&
         ((hp->arch == MODEL_ARCH_QWEN2MOE &&
           model_vector(m, NAME("ffn_gate_inp_shexp.weight"), hp->dim, &L->shexp_gate, err) < 0) ||
@@ -1582,7 +1645,8 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
               /* gpt-oss's and Seed-OSS's converters name the feed-forward's norm after
                * HF's post_attention_layernorm; a parallel layer has none */
               (!hp->parallel &&
-               model_vector(m, gptoss || hp->arch == MODEL_ARCH_SEED_OSS
+               model_vector(m, gptoss || hp->arch == MODEL_ARCH_SEED_OSS ||
+                                       hp->arch == MODEL_ARCH_GLM4MOE
                                    ? NAME("post_attention_norm.weight")
                                    : NAME("ffn_norm.weight"),
                             hp->dim, &L->ffn_norm, err) < 0))) ||
@@ -1659,7 +1723,11 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
                 return err_set(err, "tensor '%s': biases of a gated feed-forward are not "
                                     "supported", name);
         }
-        if (qk_norm &&
+        /* GLM-4.5 355B's per-head q/k norms, optional as llama.cpp has them */
+        bool glm4moe_norms = hp->arch == MODEL_ARCH_GLM4MOE &&
+                             (gguf_find_tensor(m->g, NAME("attn_q_norm.weight")) ||
+                              gguf_find_tensor(m->g, NAME("attn_k_norm.weight")));
+        if ((qk_norm || glm4moe_norms) &&
             (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->extras.q_norm, err) < 0 ||
              model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->extras.k_norm, err) < 0))
             return -1;

@@ -54,7 +54,12 @@
  * softmax or sigmoid, DeepSeek-V3's selection bias and expert groups; Baidu's
  * "ernie4_5-moe" (ERNIE-4.5-21B-A3B, 300B-A47B): llama's attention, a leading dense layer,
  * then experts routed by softmax with the selection bias, renormalized, and a shared
- * expert. The language models of vision conversions load as their text architecture under their own
+ * expert; "glm4moe" (GLM-4.5, GLM-4.5-Air, GLM-4.6): q/k/v biases, per-head q/k norms
+ * where the file has them, partial NEOX RoPE, the feed-forward's norm named
+ * post_attention_norm, leading dense layers, then deepseek2's routing without groups
+ * (sigmoid, the selection bias, renormalized and scaled) and shared experts; the file's
+ * trailing multi-token-prediction layers (nextn_predict_layers) are not run, as
+ * llama.cpp does not run them. The language models of vision conversions load as their text architecture under their own
  * key prefix (model_arch_from_name): "qwen2vl" (Qwen2-VL, Qwen2.5-VL) as qwen2, "qwen3vl"
  * and "qwen3vlmoe" (Qwen3-VL) as qwen3 and qwen3moe, text only; "internlm2" (InternLM2,
  * 2.5), "ernie4_5" (ERNIE 4.5 0.3B) and "xverse" as llama. Every architecture takes q/k/v
@@ -108,6 +113,7 @@ enum model_arch {
     MODEL_ARCH_HUNYUAN_DENSE,
     MODEL_ARCH_DEEPSEEK2,
     MODEL_ARCH_ERNIE4_5_MOE,
+    MODEL_ARCH_GLM4MOE,
 };
 
 /* general.architecture's name of a ("llama", "phi3", "gemma2", ...). */
@@ -237,9 +243,9 @@ typedef struct model_hparams {
     int mla_kv_rank; /* attention.kv_lora_rank */
     int mla_qk_nope; /* a head's unrotated query/key dimensions (key_length_mla - rope_dims) */
     int mla_v_dim;   /* a head's value dimensions (value_length_mla) */
-    /* deepseek2's and ernie4_5-moe's mixture of experts: the first n_dense_lead layers have
-     * a dense feed-forward of n_ff (leading_dense_block_count); the others' routing as
-     * llama.cpp computes it (ernie4_5-moe: softmax, the bias, renormalized): probabilities by softmax or sigmoid of the router's logits
+    /* deepseek2's, glm4moe's and ernie4_5-moe's mixture of experts: the first n_dense_lead
+     * layers have a dense feed-forward of n_ff (leading_dense_block_count); the others'
+     * routing as llama.cpp computes it (ernie4_5-moe: softmax, the bias, renormalized): probabilities by softmax or sigmoid of the router's logits
      * (expert_gating_func), selection by them plus exp_probs_b where the file has it,
      * within the expert_group_used_count groups of experts (of n_expert_groups) whose two
      * best selection scores add up highest, each chosen expert weighted by its

@@ -3,7 +3,7 @@
  * shared expert, smollm3, exaone, stablelm, mistral3, exaone4 with the 32B's hybrid
  * attention, glm4, chatglm, command-r, cohere2 with a window of 8, starcoder2, phi2,
  * seed_oss, hunyuan-dense, deepseek2 (DeepSeek-V3's routing, its latent cache),
- * ernie4_5-moe, and
+ * ernie4_5-moe, glm4moe, and
  * a qwen3 file renamed qwen3vl as Qwen3-VL's language model): a random-weight model of each (modelgen, 4 layers, F32) on the test data's llama SPM
  * vocabulary; the daemon reports the architecture and
  * llama.cpp's /completion on token ids answers with the ids, log-probabilities and
@@ -265,6 +265,17 @@ static void serves_ernie_moe(void)
     serves(p);
 }
 
+/* GLM-4.5's layout: half of each head rotated, a dense first layer, sigmoid routing with
+ * the bias, a shared expert, a prediction layer after the model's */
+static void serves_glm4moe(void)
+{
+    modelgen_params p = small("glm4moe");
+    p.n_head_kv = 2, p.n_expert = 8, p.n_expert_used = 2, p.n_ff_exp = 64;
+    p.n_expert_shared = 1, p.n_dense_lead = 1, p.expert_weights_norm = true;
+    p.expert_weights_scale = 2.5f, p.nextn_layers = 1;
+    serves(p);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -291,5 +302,6 @@ int main(int argc, char **argv)
     RUN(serves_hunyuan_dense);
     RUN(serves_deepseek2);
     RUN(serves_ernie_moe);
+    RUN(serves_glm4moe);
     return test_finish();
 }

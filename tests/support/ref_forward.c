@@ -9,7 +9,9 @@
  * granite's multipliers around it; GraniteMoeShared adds its shared_mlp(x), ungated.
  * ERNIE 4.5's (Ernie4_5_MoeSparseMoeBlock) chooses by the probabilities plus its
  * e_score_correction_bias, weights the chosen by their probabilities renormalized, adds
- * its shared experts ungated, after moe_layer_start_index dense layers.
+ * its shared experts ungated, after moe_layer_start_index dense layers; GLM-4.5's
+ * (Glm4MoeMoE) the same with the sigmoid of the router's logits, its weights normalized
+ * where norm_topk_prob and times routed_scaling_factor.
  * OLMoE's attention normalizes all of q and all of k (OlmoeAttention's q_norm, k_norm)
  * before RoPE.
  *
@@ -151,7 +153,11 @@ struct ref_model {
     int rotary_dim;              /* phi3: partial_rotary_factor * head_dim */
     int n_expert, n_expert_used, n_ff_exp, n_ff_shexp; /* n_expert 0: dense */
     bool norm_topk_prob;
-    int n_dense_lead; /* ERNIE 4.5's: the first n_dense_lead layers dense (n_ff) */
+    int n_dense_lead; /* ERNIE 4.5's, GLM-4.5's: the first n_dense_lead layers dense (n_ff) */
+    /* GLM-4.5's router (Glm4MoeTopkRouter): sigmoid in place of the softmax, the chosen
+     * experts' weights times expert_scale (0: 1) */
+    bool sigmoid_router;
+    double expert_scale;
     bool qk_norm_whole; /* OlmoeAttention, Olmo2Attention: q_norm and k_norm over the whole
                            projections */
     bool no_input_norms; /* Olmo2DecoderLayer, Exaone4DecoderLayer: attn_norm and ffn_norm
@@ -179,7 +185,9 @@ struct ref_model {
     bool *slides;               /* (n_layer) exaone4: HF's layer_types, sliding ones true */
     double rope_factor;         /* gemma3's global layers: positions / factor */
     bool gptoss;
-    bool seed_oss; /* the feed-forward's norm is post_attention_norm, as gpt-oss's */
+    bool seed_oss; /* Seed-OSS */
+    bool post_attention_ffn_norm; /* Seed-OSS, GLM-4.5: the feed-forward's norm is
+                                     post_attention_norm, as gpt-oss's */
     bool qk_norm_late; /* HunYuanDenseV1Attention: query/key_layernorm after the rotary */
     double *yarn_inv_freq;       /* gpt-oss, mistral3: (rotary_dim / 2) YaRN's, or NULL */
     double temp_beta;            /* mistral3: Llama 4's query scaling, 0: none */
@@ -344,7 +352,8 @@ ref_model *ref_model_load(const gguf_file *g)
                                         "granitemoe", "smollm3", "exaone", "stablelm",
                                         "gpt-oss", "mistral3", "exaone4", "glm4", "chatglm",
                                         "command-r", "cohere2", "starcoder2", "phi2",
-                                        "seed_oss", "hunyuan-dense", "ernie4_5-moe"};
+                                        "seed_oss", "hunyuan-dense", "ernie4_5-moe",
+                                        "glm4moe"};
     int ai = -1;
     for (int i = 0; i < (int)(sizeof names / sizeof *names); i++)
         if (gguf_str_eq(a, names[i]))
@@ -370,11 +379,15 @@ ref_model *ref_model_load(const gguf_file *g)
     m->ungated = !strcmp(arch, "starcoder2") || phi2;
     /* Seed-OSS's layer is qwen2's (biases, halves), its feed-forward norm gpt-oss's name */
     m->seed_oss = !strcmp(arch, "seed_oss");
+    /* GLM-4.5's layer is qwen2's (biases, halves over partial_rotary_factor), its
+     * feed-forward norm named as Seed-OSS's */
+    bool glm4moe = !strcmp(arch, "glm4moe");
+    m->post_attention_ffn_norm = m->seed_oss || glm4moe;
     m->arch = ai <= REF_GEMMA3                                     ? ai
               : granitemoe                                         ? REF_GRANITE
               : llama_layer                                        ? REF_LLAMA
               : qwen2moe || m->gptoss || !strcmp(arch, "stablelm") ? REF_QWEN2
-              : m->seed_oss                                        ? REF_QWEN2
+              : m->post_attention_ffn_norm                         ? REF_QWEN2
               : m->ungated                                         ? REF_QWEN2
                                                                    : REF_QWEN3;
     bool exaone4 = !strcmp(arch, "exaone4");
@@ -400,8 +413,20 @@ ref_model *ref_model_load(const gguf_file *g)
                     : granitemoe || ernie
                         ? ref_u32(g, arch, "expert_shared_feed_forward_length", 0)
                         : 0;
-    /* Ernie4_5_MoeModel: moe_layer_start_index's dense layers */
-    m->n_dense_lead = ernie ? ref_u32(g, arch, "leading_dense_block_count", 0) : 0;
+    /* Ernie4_5_MoeModel: moe_layer_start_index's dense layers; Glm4MoeModel: first_k_dense_replace's,
+     * its shared experts (n_shared_experts * moe_intermediate_size), its router; its
+     * num_nextn_predict_layers after the model's (block_count counts them) are not run */
+    m->n_dense_lead = ernie || glm4moe ? ref_u32(g, arch, "leading_dense_block_count", 0) : 0;
+    if (glm4moe) {
+        m->n_ff_shexp = m->n_ff_exp * ref_u32(g, arch, "expert_shared_count", 0);
+        m->sigmoid_router = ref_u32(g, arch, "expert_gating_func", 2) != 1;
+        m->expert_scale = ref_f32(g, arch, "expert_weights_scale", 0.0);
+        bool norm = false;
+        char key[96];
+        snprintf(key, sizeof key, "%s.expert_weights_norm", arch);
+        m->norm_topk_prob = gguf_get_bool(g, key, &norm) && norm;
+        m->n_layer -= ref_u32(g, arch, "nextn_predict_layers", 0);
+    }
     m->norm_topk_prob = !qwen2moe && !olmoe;
     if (m->n_expert > REF_MAX_EXPERTS) {
         free(m);
@@ -503,7 +528,7 @@ ref_model *ref_model_load(const gguf_file *g)
         L->k_norm = T("attn_k_norm.weight");
         L->post_attn = T("post_attention_norm.weight");
         L->post_ffn = T("post_ffw_norm.weight");
-        if (m->gptoss || m->seed_oss) { /* their post_attention_norm is the feed-forward's
+        if (m->gptoss || m->post_attention_ffn_norm) { /* their post_attention_norm is the feed-forward's
                                            input norm */
             L->ffn_norm = L->post_attn;
             L->post_attn = NULL;
@@ -816,8 +841,8 @@ static void ref_moe(const ref_model *m, const ref_layer *L, double *y, const dou
     for (int e = 0; e < ne; e++)
         max = prob[e] > max ? prob[e] : max;
     for (int e = 0; e < ne; e++)
-        sum += prob[e] = exp(prob[e] - max);
-    for (int e = 0; e < ne; e++)
+        sum += prob[e] = m->sigmoid_router ? 1 / (1 + exp(-prob[e])) : exp(prob[e] - max);
+    for (int e = 0; !m->sigmoid_router && e < ne; e++)
         prob[e] /= sum;
     /* Ernie4_5_MoeStatics: the choice by the probabilities plus the correction bias, the
      * weights the probabilities */
@@ -841,6 +866,8 @@ static void ref_moe(const ref_model *m, const ref_layer *L, double *y, const dou
         if (!chosen[e])
             continue;
         double w = m->norm_topk_prob ? prob[e] / top_sum : prob[e];
+        if (m->expert_scale > 0)
+            w *= m->expert_scale;
         size_t in = (size_t)ff * dim;
         ref_mlp(m, tmp, xn, L->gate_exps + e * in, L->up_exps + e * in, L->down_exps + e * in, ff,
                 g, u);

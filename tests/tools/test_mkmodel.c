@@ -537,7 +537,7 @@ static void gptoss_files(void)
 
 /* The smaller architectures (--arch olmo2, granitemoe, smollm3, exaone, stablelm, glm4,
  * chatglm, mistral3, exaone4, command-r, cohere2, starcoder2, phi2, seed_oss, hunyuan-dense,
- * ernie4_5-moe)
+ * ernie4_5-moe, glm4moe)
  * write what llama.cpp's loader reads of them, and what llmsd loads: OLMo 2's post norms
  * and whole q/k norms, no input norms; Granite MoE's router and merged experts, its shared
  * expert with --shared-ffn alone; GLM-4's post norms and fused gate/up; ChatGLM's fused
@@ -546,7 +546,8 @@ static void gptoss_files(void)
  * --sliding-window; Cohere's attn_norm alone, the output tied; StarCoder2's biases and no
  * gate; Phi-2's output bias and no ffn_norm; Seed-OSS's q/k/v biases and
  * post_attention_norm for the feed-forward's norm; Hunyuan's per-head q/k norms; ERNIE 4.5's
- * dense first layer, then experts with the selection bias and a shared expert. */
+ * dense first layer, then experts with the selection bias and a shared expert; GLM-4.5's
+ * post_attention_norm, bias and prediction layer after the model's. */
 static void small_arch_files(void)
 {
     const char *vocab = test_data_path("vocab/ggml-vocab-llama-spm.gguf");
@@ -604,6 +605,12 @@ static void small_arch_files(void)
          "--exp-probs-b",
          {"blk.0.ffn_gate.weight", "blk.3.exp_probs_b.bias", "blk.3.ffn_up_shexp.weight"},
          {"blk.0.ffn_gate_inp.weight", "blk.3.ffn_gate.weight"}},
+        {"glm4moe",
+         "--experts 4 --experts-used 2 --expert-ffn 32 --shared-experts 1 --dense-lead 1 "
+         "--norm-weights --weights-scale 2.5 --nextn 1",
+         {"blk.3.exp_probs_b.bias", "blk.3.post_attention_norm.weight",
+          "blk.4.nextn.eh_proj.weight"},
+         {"blk.0.ffn_gate_inp.weight", "blk.1.ffn_norm.weight"}},
     };
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
         char out[1100], args[4096], err[1024], e[ERR_MAX];
