@@ -385,8 +385,8 @@ static int modelgen_check(const modelgen_params *p, char err[ERR_MAX])
                     !(p->expert_weights_scale >= 0) || p->nextn_layers < 0 || p->n_ff_shexp))
         return err_set(err, "glm4moe's shared experts and prediction layers are counts, its "
                             "gating 0, 1 or 2, its scale not negative, no n_ff_shexp");
-    if (p->nextn_layers && !glm4moe)
-        return err_set(err, "prediction layers (nextn_layers) are glm4moe's");
+    if ((p->nextn_layers || p->glm_qk_norm) && !glm4moe)
+        return err_set(err, "prediction layers (nextn_layers) and glm_qk_norm are glm4moe's");
     if (p->q_lora_rank || p->kv_lora_rank || p->qk_nope_dim || p->qk_rope_dim || p->v_head_dim ||
         (p->n_expert_shared && !glm4moe) || (p->n_dense_lead && !ernie && !glm4moe) ||
         (p->expert_gating && !glm4moe) || (p->expert_weights_norm && !glm4moe) ||
@@ -1033,7 +1033,7 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
             ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
             ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
         }
-        if (qwen3 || gemma3 || exaone4) {
+        if (qwen3 || gemma3 || exaone4 || (glm4moe && p->glm_qk_norm)) {
             ADD(N("attn_q_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
             ADD(N("attn_k_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
         }

@@ -201,6 +201,7 @@ typedef struct modelgen_params {
     /* glm4moe: nextn_predict_layers, layers after the model's with their nextn tensors
      * (eh_proj, enorm, hnorm, shared_head_norm), which no forward runs; 0: none */
     int nextn_layers;
+    bool glm_qk_norm;    /* glm4moe: GLM-4.5 355B's per-head attn_q_norm / attn_k_norm */
     /* Vocabulary: all tokenizer.* metadata is copied from vocab and n_vocab is its token
      * count. With vocab NULL a synthetic vocabulary of n_vocab tokens is written
      * ("<unk>", "<s>", "</s>", then "tok3", "tok4", ...; BOS 1, EOS 2). */

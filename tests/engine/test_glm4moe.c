@@ -12,8 +12,9 @@
  * first dense, FFN 256) and a prediction layer, 4 heads over 2 KV heads, 8 experts of FFN
  * 64 of which 2 are used, a shared one, weights normalized and times 2.5. Checked: the
  * hyper-parameters the loader reads; logits against the reference in float weights and,
- * with every expert used, in Q8_0; that the selection bias, the gating, the scale and
- * leaving the prediction layer out each move the reference far past the tolerance; a
+ * with every expert used, in Q8_0, and with GLM-4.5 355B's per-head q/k norms; that the
+ * selection bias, the gating, the scale, the q/k norms and leaving the prediction layer out
+ * each move the reference far past the tolerance; a
  * prefill equals the same tokens decoded one by one; sequences stacked in one step equal
  * each alone, bit for bit; bad files are refused, naming the tensor or key. Tolerances
  * are test_archs.c's.
@@ -99,6 +100,10 @@ static void test_logits_vs_reference(void)
     modelgen_params all = glm_params(QTYPE_F32);
     all.n_expert_used = all.n_expert;
     check_type(all, QTYPE_Q8_0, "all-q8_0", TOL_QUANT);
+    /* GLM-4.5 355B's per-head q/k norms */
+    modelgen_params normed = glm_params(QTYPE_F32);
+    normed.glm_qk_norm = true;
+    check_type(normed, QTYPE_F32, "qk-norm-f32", TOL_FLOAT);
 }
 
 /* Its parts each move the reference by more than 5 float tolerances when the file is
@@ -113,8 +118,10 @@ static void test_parts_matter(void)
         {"sigmoid gating", {.num_key = "glm4moe.expert_gating_func", .num_value = 1}},
         {"weights' scale", {.num_key = "glm4moe.expert_weights_scale", .num_value = 1}},
         {"prediction layer left out", {.drop_key = "glm4moe.nextn_predict_layers"}},
+        {"q/k norms", {.drop = {"blk.*.attn_q_norm.weight", "blk.*.attn_k_norm.weight"}}},
     };
     modelgen_params p = glm_params(QTYPE_F32);
+    p.glm_qk_norm = true;
     const char *src = gen(&p, "whole");
     CHECK(src);
     for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
