@@ -816,6 +816,59 @@ static int model_get_flag(const gguf_file *g, const char *arch, const char *suff
     return 0;
 }
 
+/* {arch}.suffix as a count of layers or experts, 0 to 4096: 0 when absent. */
+static int model_get_count(const gguf_file *g, const char *arch, const char *suffix, int *out,
+                           char err[ERR_MAX])
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.%s", arch, suffix);
+    int64_t v = 0;
+    if (gguf_find_key(g, key) >= 0 && (!gguf_get_i64(g, key, &v) || v < 0 || v > 4096))
+        return err_set(err, "metadata key '%s' is not an integer in [0, 4096]", key);
+    *out = (int)v;
+    return 0;
+}
+
+/* {arch}.expert_gating_func into hp->expert_sigmoid: 1 softmax, 2 sigmoid, dflt (1 or 2)
+ * when absent or 0 (llama.cpp's "none"). */
+static int model_read_gating(const gguf_file *g, const char *arch, uint32_t dflt,
+                             model_hparams *hp, char err[ERR_MAX])
+{
+    char key[128];
+    snprintf(key, sizeof key, "%s.expert_gating_func", arch);
+    uint32_t gating = 0;
+    if (gguf_find_key(g, key) >= 0 && (!gguf_get_u32(g, key, &gating) || gating > 2))
+        return err_set(err, "metadata key '%s' is not 1 (softmax) or 2 (sigmoid)", key);
+    hp->expert_sigmoid = (gating ? gating : dflt) == 2;
+    return 0;
+}
+
+/* What deepseek2's, glm4moe's and ernie4_5-moe's readers share: expert_count,
+ * expert_used_count and expert_feed_forward_length (required), leading_dense_block_count
+ * (0 when absent), checked against each other and the layers; with `shared` experts
+ * (expert_shared_count) the shared expert is one of n_ff_exp * shared. */
+static int model_read_lead_experts(const gguf_file *g, const char *arch, int shared,
+                                   model_hparams *hp, char err[ERR_MAX])
+{
+    if (model_get_dim(g, arch, "expert_count", -1, &hp->n_expert, err) < 0 ||
+        model_get_dim(g, arch, "expert_used_count", -1, &hp->n_expert_used, err) < 0 ||
+        model_get_dim(g, arch, "expert_feed_forward_length", -1, &hp->n_ff_exp, err) < 0 ||
+        model_get_count(g, arch, "leading_dense_block_count", &hp->n_dense_lead, err) < 0)
+        return -1;
+    if (hp->n_expert > MODEL_MAX_EXPERTS || hp->n_expert_used > hp->n_expert)
+        return err_set(err, "%s.expert_count %d / expert_used_count %d out of range (at most "
+                            "%d experts)", arch, hp->n_expert, hp->n_expert_used,
+                       MODEL_MAX_EXPERTS);
+    if ((int64_t)shared * hp->n_ff_exp > MODEL_MAX_DIM)
+        return err_set(err, "%s.expert_shared_count %d too large", arch, shared);
+    if (shared)
+        hp->n_ff_shexp = shared * hp->n_ff_exp;
+    if (hp->n_dense_lead > hp->n_layer)
+        return err_set(err, "%s.leading_dense_block_count %d is above the %d layers", arch,
+                       hp->n_dense_lead, hp->n_layer);
+    return 0;
+}
+
 /* deepseek2's experts (model_hparams): none where the file has no expert_count (a dense
  * model such as Youtu-LLM, every layer dense), else the counts, the shared experts as one
  * of n_ff_exp * expert_shared_count, the gating (llama.cpp's default for files without
@@ -832,29 +885,14 @@ static int model_read_deepseek2_experts(const gguf_file *g, const char *arch, mo
     if (count == 0)
         return model_get_dim(g, arch, "leading_dense_block_count", hp->n_layer,
                              &hp->n_dense_lead, err);
-    int shared, groups = 0, groups_used = 0;
-    if (model_get_dim(g, arch, "expert_count", -1, &hp->n_expert, err) < 0 ||
-        model_get_dim(g, arch, "expert_used_count", -1, &hp->n_expert_used, err) < 0 ||
-        model_get_dim(g, arch, "expert_feed_forward_length", -1, &hp->n_ff_exp, err) < 0 ||
-        model_get_dim(g, arch, "expert_shared_count", 0, &shared, err) < 0 ||
+    int shared, groups, groups_used;
+    if (model_get_count(g, arch, "expert_shared_count", &shared, err) < 0 ||
+        model_read_lead_experts(g, arch, shared, hp, err) < 0 ||
         model_get_float(g, arch, "expert_weights_scale", 0.0f, &hp->expert_scale, err) < 0 ||
         model_get_flag(g, arch, "expert_weights_norm", &hp->expert_norm, err) < 0 ||
-        model_get_dim(g, arch, "expert_group_count", 0, &groups, err) < 0 ||
-        model_get_dim(g, arch, "expert_group_used_count", 0, &groups_used, err) < 0 ||
-        (gguf_find_key(g, (snprintf(key, sizeof key, "%s.leading_dense_block_count", arch),
-                           key)) >= 0 &&
-         model_get_dim(g, arch, "leading_dense_block_count", 0, &hp->n_dense_lead, err) < 0))
+        model_get_count(g, arch, "expert_group_count", &groups, err) < 0 ||
+        model_get_count(g, arch, "expert_group_used_count", &groups_used, err) < 0)
         return -1;
-    if (hp->n_expert > MODEL_MAX_EXPERTS || hp->n_expert_used > hp->n_expert)
-        return err_set(err, "%s.expert_count %d / expert_used_count %d out of range (at most "
-                            "%d experts)", arch, hp->n_expert, hp->n_expert_used,
-                       MODEL_MAX_EXPERTS);
-    if ((int64_t)shared * hp->n_ff_exp > MODEL_MAX_DIM)
-        return err_set(err, "%s.expert_shared_count %d too large", arch, shared);
-    hp->n_ff_shexp = shared * hp->n_ff_exp;
-    if (hp->n_dense_lead > hp->n_layer)
-        return err_set(err, "%s.leading_dense_block_count %d is above block_count %d", arch,
-                       hp->n_dense_lead, hp->n_layer);
     if (groups > 1) {
         if (hp->n_expert % groups != 0 || groups_used < 1 || groups_used > groups ||
             (int64_t)groups_used * (hp->n_expert / groups) < hp->n_expert_used ||
@@ -865,16 +903,9 @@ static int model_read_deepseek2_experts(const gguf_file *g, const char *arch, mo
         hp->n_expert_groups = groups;
         hp->n_expert_groups_used = groups_used;
     }
-    uint32_t gating = 0;
-    snprintf(key, sizeof key, "%s.expert_gating_func", arch);
-    if (gguf_find_key(g, key) >= 0 && (!gguf_get_u32(g, key, &gating) || gating > 2))
-        return err_set(err, "metadata key '%s' is not 1 (softmax) or 2 (sigmoid)", key);
-    if (gating == 0) {
-        const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
-        gating = (hp->n_layer == 47 || hp->n_layer == 48) && emb && emb->ne[1] == 154880 ? 2 : 1;
-    }
-    hp->expert_sigmoid = gating == 2;
-    return 0;
+    const gguf_tensor *emb = gguf_find_tensor(g, "token_embd.weight");
+    bool glm47_flash = (hp->n_layer == 47 || hp->n_layer == 48) && emb && emb->ne[1] == 154880;
+    return model_read_gating(g, arch, glm47_flash ? 2 : 1, hp, err);
 }
 
 /*
@@ -979,31 +1010,17 @@ static int model_read_ernie_moe(const gguf_file *g, const char *arch, model_hpar
     if (hp->arch != MODEL_ARCH_ERNIE4_5_MOE)
         return 0;
     int step;
-    if (model_require(g, arch, "attention.layer_norm_rms_epsilon", err) < 0 ||
-        model_get_dim(g, arch, "expert_count", -1, &hp->n_expert, err) < 0 ||
-        model_get_dim(g, arch, "expert_used_count", -1, &hp->n_expert_used, err) < 0 ||
-        model_get_dim(g, arch, "expert_feed_forward_length", -1, &hp->n_ff_exp, err) < 0 ||
-        model_get_dim(g, arch, "interleave_moe_layer_step", -1, &step, err) < 0)
-        return -1;
     char key[128];
     snprintf(key, sizeof key, "%s.expert_shared_feed_forward_length", arch);
-    if (gguf_find_key(g, key) >= 0 &&
-        model_get_dim(g, arch, "expert_shared_feed_forward_length", 0, &hp->n_ff_shexp, err) < 0)
-        return -1;
-    snprintf(key, sizeof key, "%s.leading_dense_block_count", arch);
-    if (gguf_find_key(g, key) >= 0 &&
-        model_get_dim(g, arch, "leading_dense_block_count", 0, &hp->n_dense_lead, err) < 0)
+    if (model_require(g, arch, "attention.layer_norm_rms_epsilon", err) < 0 ||
+        model_read_lead_experts(g, arch, 0, hp, err) < 0 ||
+        model_get_dim(g, arch, "interleave_moe_layer_step", -1, &step, err) < 0 ||
+        (gguf_find_key(g, key) >= 0 &&
+         model_get_dim(g, arch, "expert_shared_feed_forward_length", 0, &hp->n_ff_shexp, err) < 0))
         return -1;
     if (step != 1)
         return err_set(err, "%s.interleave_moe_layer_step %d: experts on every layer after the "
                             "dense ones (1) are supported", arch, step);
-    if (hp->n_expert > MODEL_MAX_EXPERTS || hp->n_expert_used > hp->n_expert)
-        return err_set(err, "%s.expert_count %d / expert_used_count %d out of range (at most "
-                            "%d experts)", arch, hp->n_expert, hp->n_expert_used,
-                       MODEL_MAX_EXPERTS);
-    if (hp->n_dense_lead > hp->n_layer)
-        return err_set(err, "%s.leading_dense_block_count %d is above block_count %d", arch,
-                       hp->n_dense_lead, hp->n_layer);
     hp->expert_norm = true;
     return 0;
 }
@@ -1026,45 +1043,21 @@ static int model_read_glm4moe(const gguf_file *g, const char *arch, model_hparam
     snprintf(key, sizeof key, "%s.rope.dimension_sections", arch);
     if (gguf_find_key(g, key) >= 0)
         return err_set(err, "%s: GLM-4.5V's M-RoPE is not supported", key);
-    int shared = 0, nextn = 0;
-    uint32_t gating = 2;
+    int shared, nextn;
     if (model_require(g, arch, "attention.layer_norm_rms_epsilon", err) < 0 ||
-        model_get_dim(g, arch, "expert_count", -1, &hp->n_expert, err) < 0 ||
-        model_get_dim(g, arch, "expert_used_count", -1, &hp->n_expert_used, err) < 0 ||
-        model_get_dim(g, arch, "expert_feed_forward_length", -1, &hp->n_ff_exp, err) < 0 ||
         model_require(g, arch, "expert_shared_count", err) < 0 ||
-        model_get_float(g, arch, "expert_weights_scale", 0.0f, &hp->expert_scale, err) < 0 ||
-        model_get_flag(g, arch, "expert_weights_norm", &hp->expert_norm, err) < 0)
+        model_get_count(g, arch, "expert_shared_count", &shared, err) < 0 ||
+        model_get_count(g, arch, "nextn_predict_layers", &nextn, err) < 0)
         return -1;
-    const char *const counts[] = {"expert_shared_count", "leading_dense_block_count",
-                                  "nextn_predict_layers"};
-    int *const into[] = {&shared, &hp->n_dense_lead, &nextn};
-    for (int i = 0; i < 3; i++) {
-        snprintf(key, sizeof key, "%s.%s", arch, counts[i]);
-        int64_t v = 0;
-        if (gguf_find_key(g, key) >= 0 && (!gguf_get_i64(g, key, &v) || v < 0 || v > 4096))
-            return err_set(err, "metadata key '%s' is not an integer in [0, 4096]", key);
-        *into[i] = (int)v;
-    }
-    snprintf(key, sizeof key, "%s.expert_gating_func", arch);
-    if (gguf_find_key(g, key) >= 0 && (!gguf_get_u32(g, key, &gating) || gating > 2))
-        return err_set(err, "metadata key '%s' is not 1 (softmax) or 2 (sigmoid)", key);
-    hp->expert_sigmoid = gating != 1;
     if (nextn >= hp->n_layer)
         return err_set(err, "%s.nextn_predict_layers %d is not below block_count %d", arch,
                        nextn, hp->n_layer);
     hp->n_layer -= nextn;
-    if (hp->n_expert > MODEL_MAX_EXPERTS || hp->n_expert_used > hp->n_expert)
-        return err_set(err, "%s.expert_count %d / expert_used_count %d out of range (at most "
-                            "%d experts)", arch, hp->n_expert, hp->n_expert_used,
-                       MODEL_MAX_EXPERTS);
-    if ((int64_t)shared * hp->n_ff_exp > MODEL_MAX_DIM)
-        return err_set(err, "%s.expert_shared_count %d too large", arch, shared);
-    hp->n_ff_shexp = shared * hp->n_ff_exp;
-    if (hp->n_dense_lead > hp->n_layer)
-        return err_set(err, "%s.leading_dense_block_count %d is above the %d layers", arch,
-                       hp->n_dense_lead, hp->n_layer);
-    return 0;
+    if (model_read_lead_experts(g, arch, shared, hp, err) < 0 ||
+        model_get_float(g, arch, "expert_weights_scale", 0.0f, &hp->expert_scale, err) < 0 ||
+        model_get_flag(g, arch, "expert_weights_norm", &hp->expert_norm, err) < 0)
+        return -1;
+    return model_read_gating(g, arch, 2, hp, err);
 }
 
 static int model_read_hparams(model *m, char err[ERR_MAX])
