@@ -1522,9 +1522,8 @@ static int model_load_mla_kv_b(model *m, model_layer *L, int l, char err[ERR_MAX
         return err_set(err, "out of memory");
     for (int h = 0; h < hp->n_head; h++)
         for (int c = 0; c < nope; c++) {
-            quant_dequantize_row(kv_b.type,
-                                 (const char *)kv_b.data + ((size_t)h * stride + c) * kv_b.row_bytes,
-                                 row, rank);
+            const char *key_row = (const char *)kv_b.data + ((size_t)h * stride + c) * kv_b.row_bytes;
+            quant_dequantize_row(kv_b.type, key_row, row, rank);
             for (int i = 0; i < rank; i++)
                 k_b[((size_t)h * rank + i) * nope + c] = row[i];
         }
@@ -1558,7 +1557,7 @@ static int model_load_mla(model *m, model_layer *L, int l, char err[ERR_MAX])
                          model_stacked(m, NAME("attn_v_b.weight"), heads, "heads",
                                        hp->mla_v_dim, hp->mla_kv_rank, &L->wv_b, err) < 0)
         return -1;
-    if (        model_vector(m, NAME("attn_kv_a_norm.weight"), hp->mla_kv_rank, &L->kv_a_norm, err) < 0 ||
+    if (model_vector(m, NAME("attn_kv_a_norm.weight"), hp->mla_kv_rank, &L->kv_a_norm, err) < 0 ||
         model_matrix(m, NAME("attn_kv_a_mqa.weight"), hp->mla_kv_rank + hp->rope_dims, hp->dim,
                      &L->wkv_a, err) < 0)
         return -1;

@@ -451,30 +451,55 @@ double model_check_part_matters(const char *path, const gguf_edit *e, bool seque
     return d;
 }
 
+int model_check_type(modelgen_params p, uint32_t type, const char *name,
+                     const model_check_plan *plan, double tol)
+{
+    char path[1024], err[ERR_MAX];
+    snprintf(path, sizeof path, "%s/%s.gguf", test_tmpdir(), name);
+    p.type = type;
+    if (modelgen_write(&p, path, err) < 0) {
+        fprintf(stderr, "modelgen: %s\n", err);
+        return 1;
+    }
+    double d1 = model_check_file(path, 512, 2, plan), d2 = model_check_file(path, 8, 1, plan);
+    printf("  %s: max |logit diff| %.4g (sgemm) %.4g (per row), tolerance %g\n", name, d1, d2,
+           tol);
+    return !(d1 <= tol && d2 <= tol);
+}
+
 int model_check_types(modelgen_params p, const char *name, const model_check_plan *plan,
                       double tol_float, double tol_quant)
 {
     static const uint32_t types[] = {QTYPE_F32, QTYPE_F16, QTYPE_Q8_0};
     int failed = 0;
     for (size_t t = 0; t < sizeof types / sizeof *types; t++) {
-        const char *type = quant_traits_of(types[t])->name;
-        char path[1024], err[ERR_MAX];
-        snprintf(path, sizeof path, "%s/%s-%s.gguf", test_tmpdir(), name, type);
-        p.type = types[t];
-        if (modelgen_write(&p, path, err) < 0) {
-            fprintf(stderr, "modelgen: %s\n", err);
-            failed++;
-            continue;
-        }
+        char file[256];
+        snprintf(file, sizeof file, "%s-%s", name, quant_traits_of(types[t])->name);
         bool f16_rounds = types[t] == QTYPE_F16 && quant_f16_rounds_activation(p.dim);
         bool exact = types[t] == QTYPE_F32 || (types[t] == QTYPE_F16 && !f16_rounds);
-        double tol = exact ? tol_float : tol_quant;
-        double d1 = model_check_file(path, 512, 2, plan), d2 = model_check_file(path, 8, 1, plan);
-        printf("  %s %s: max |logit diff| %.4g (sgemm) %.4g (per row), tolerance %g\n", name,
-               type, d1, d2, tol);
-        failed += !(d1 <= tol && d2 <= tol);
+        failed += model_check_type(p, types[t], file, plan, exact ? tol_float : tol_quant);
     }
     return failed;
+}
+
+int model_check_refused(const char *src, const char *name, const gguf_edit *e, const char *named,
+                        const char *says)
+{
+    char dst[1024], err[ERR_MAX] = "";
+    snprintf(dst, sizeof dst, "%s/%s-broken.gguf", test_tmpdir(), name);
+    if (gguf_copy_edited(src, dst, e, err) < 0) {
+        fprintf(stderr, "%s: %s\n", dst, err);
+        return 1;
+    }
+    err[0] = '\0';
+    model *m = model_load(dst, err);
+    if (m) {
+        model_free(m);
+        fprintf(stderr, "  %s: loads, where %s should be refused\n", dst, named);
+        return 1;
+    }
+    printf("  refused: %s\n", err);
+    return !(strstr(err, named) && strstr(err, says));
 }
 
 int model_check_compressed_file(const char *path, const double tol[3])

@@ -85,6 +85,18 @@ double model_check_part_matters(const char *path, const gguf_edit *e, bool seque
 int model_check_types(modelgen_params p, const char *name, const model_check_plan *plan,
                       double tol_float, double tol_quant);
 
+/* One type of model_check_types: p's model written in `type` (to dir/NAME.gguf) against
+ * the reference on the sgemm path and the per-row one, each within tol; the figures
+ * printed. 0, or 1 when over it or not written. */
+int model_check_type(modelgen_params p, uint32_t type, const char *name,
+                     const model_check_plan *plan, double tol);
+
+/* A copy of the model at src changed by e (written to dir/NAME-broken.gguf) is refused by
+ * model_load with an error holding `named` and `says`; the error printed. 0, or 1 when it
+ * loads, says something else or cannot be written. */
+int model_check_refused(const char *src, const char *name, const gguf_edit *e, const char *named,
+                        const char *says);
+
 /* model_check_compressed of the model at path in f16, int8 and int4 chunks, each within
  * its tolerance (tol[0..3)); the figures printed. The number over or failing. */
 int model_check_compressed_file(const char *path, const double tol[3]);
