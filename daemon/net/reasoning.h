@@ -6,10 +6,10 @@
  * ollama as thinking.
  *
  * What is reasoning, as llama.cpp reads it: a reply that begins with "<think>" (its very
- * first bytes, or for GLM-4.5 and 4.6, CHAT_THINK_REPLY_SPACED, its first after white
- * space, which is dropped whatever follows it), or any reply when the template's
- * generation prompt opened the block itself, is reasoning up to "</think>"; what follows
- * is content. A reply that does not
+ * first bytes; for GLM-4.5 and 4.6, CHAT_THINK_REPLY_SPACED, its first after white space,
+ * as their template writes "\n<think>", the white space dropped whatever follows it), or
+ * any reply when the template's generation prompt opened the block itself, is reasoning
+ * up to "</think>"; what follows is content. A reply that does not
  * begin so is all content, its bytes as they are ("<think>" further on included), and so
  * is everything after the first "</think>". A block never closed (the reply cut by
  * max_tokens) is reasoning to the end. White space at the start of the reasoning and of
