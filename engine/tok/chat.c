@@ -712,8 +712,27 @@ static bool ends_with(const char *s, const char *suffix)
     return n >= m && memcmp(s + n - m, suffix, m) == 0;
 }
 
-/* GLM-4.5's and 4.6's template (chat.h): every assistant message with a block, empty but
- * after the last user message, its answer on a line of its own. */
+/* A GLM-4.5 assistant message: its block, with its reasoning where keep_reasoning (empty
+ * otherwise), and its answer on a line of its own where that is not empty. */
+static void put_glm45_reply(textwriter *w, const char *content, bool keep_reasoning)
+{
+    const char *reasoning, *answer;
+    size_t n_reasoning;
+    chat_think_parts(content, &reasoning, &n_reasoning, &answer);
+    textwriter_put(w, "<|assistant|>\n<think>");
+    if (keep_reasoning)
+        put_trimmed_n(w, reasoning, n_reasoning);
+    textwriter_put(w, "</think>");
+    while (textwriter_is_space(*answer))
+        answer++;
+    if (*answer) {
+        textwriter_put(w, "\n");
+        textwriter_put_trimmed(w, answer);
+    }
+}
+
+/* GLM-4.5's and 4.6's template (chat.h): an assistant message's reasoning kept after the
+ * last user message alone. */
 static void apply_glm45(textwriter *w, const struct chat_message *msgs, int n, bool gen,
                         bool enable_thinking)
 {
@@ -734,22 +753,9 @@ static void apply_glm45(textwriter *w, const struct chat_message *msgs, int n, b
             if (!enable_thinking && !ends_with(msgs[i].content, "/nothink"))
                 textwriter_put(w, "/nothink");
             break;
-        default: {
-            const char *reasoning, *answer;
-            size_t n_reasoning;
-            chat_think_parts(msgs[i].content, &reasoning, &n_reasoning, &answer);
-            textwriter_put(w, "<|assistant|>\n<think>");
-            if (i > last_user)
-                put_trimmed_n(w, reasoning, n_reasoning);
-            textwriter_put(w, "</think>");
-            const char *a = answer;
-            while (textwriter_is_space(*a))
-                a++;
-            if (*a) {
-                textwriter_put(w, "\n");
-                textwriter_put_trimmed(w, a);
-            }
-        }
+        default:
+            put_glm45_reply(w, msgs[i].content, i > last_user);
+            break;
         }
     }
     if (gen)
