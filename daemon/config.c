@@ -80,7 +80,8 @@ static const key_def keys[] = {
            "tool format; `qwen3` and `qwen3-thinking`: chatml as Qwen3's template writes "
            "it, earlier replies without their reasoning, the second opening the model's "
            "reasoning itself; `gpt-oss`: OpenAI's harmony format; `glm-4.7`: GLM-4.7's and "
-           "GLM-4.7-Flash's template, the generation prompt opening the model's reasoning), "
+           "GLM-4.7-Flash's template, the generation prompt opening the model's reasoning; "
+           "`glm-4.5`: GLM-4.5's, 4.5-Air's and 4.6's template; `ernie4_5`: ERNIE 4.5's), "
            "for a file without a "
            "template or with a wrong one"),
     CHOICE(model_load, "map|copy", "map",

@@ -1386,8 +1386,8 @@ int openai_split_whole(hreq *hr, const char *text, reasoning_span *reasoning,
                                        &hr->whole_split, reasoning, content);
     }
     if (hr->reasoning) {
-        reasoning_split_text(chat_thinking_for(hr->family, !hr->no_thinking) == CHAT_THINK_OPENED,
-                             text, strlen(text), reasoning, content);
+        reasoning_split_text(chat_thinking_for(hr->family, !hr->no_thinking), text, strlen(text),
+                             reasoning, content);
         return 0;
     }
     *reasoning = (reasoning_span){true, text, 0};

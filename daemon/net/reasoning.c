@@ -16,6 +16,8 @@ void reasoning_init(reasoning_split *s, bool opened)
 void reasoning_start(reasoning_split *s, enum chat_think kind, bool calls)
 {
     reasoning_init(s, kind == CHAT_THINK_OPENED);
+    if (kind == CHAT_THINK_REPLY_SPACED)
+        s->state = REASONING_AT_SPACE;
     if ((s->harmony = kind == CHAT_THINK_HARMONY))
         harmony_init(&s->h, calls);
 }
@@ -96,12 +98,21 @@ int reasoning_feed(reasoning_split *s, const char *text, size_t n, bool end,
     for (size_t p = 0; p < r.len; p++) {
         char c = at(&r, p);
         switch (s->state) {
+        case REASONING_AT_SPACE:
+            if (is_space(c)) {
+                from = held = p + 1;
+                continue;
+            }
+            /* the block may open at c */
+            s->state = REASONING_AT_START;
+            /* fall through */
         case REASONING_AT_START:
-            if (!begins(&r, 0, p + 1, REASONING_OPEN)) {
+            /* V[from..p]: what may open it (from is 0 but after dropped white space) */
+            if (!begins(&r, from, p + 1, REASONING_OPEN)) {
                 s->state = REASONING_CONTENT;
                 break;
             }
-            if (p + 1 == strlen(REASONING_OPEN)) {
+            if (p + 1 - from == strlen(REASONING_OPEN)) {
                 s->state = REASONING_LEAD;
                 from = held = p + 1;
             }
@@ -135,8 +146,8 @@ int reasoning_feed(reasoning_split *s, const char *text, size_t n, bool end,
     }
     if (end) {
         /* a block never closed is reasoning to the end; a reply that only began as
-         * "<think>" is content */
-        give(&r, s->state != REASONING_AT_START, from, r.len);
+         * "<think>" is content (white space alone: nothing) */
+        give(&r, s->state != REASONING_AT_START && s->state != REASONING_AT_SPACE, from, r.len);
         return r.n_spans;
     }
     give(&r, true, from, held);
@@ -145,12 +156,12 @@ int reasoning_feed(reasoning_split *s, const char *text, size_t n, bool end,
     return r.n_spans;
 }
 
-void reasoning_split_text(bool opened, const char *text, size_t n, reasoning_span *reasoning,
-                          reasoning_span *content)
+void reasoning_split_text(enum chat_think kind, const char *text, size_t n,
+                          reasoning_span *reasoning, reasoning_span *content)
 {
     reasoning_split s;
     reasoning_span spans[REASONING_SPANS];
-    reasoning_init(&s, opened);
+    reasoning_start(&s, kind, false);
     int k = reasoning_feed(&s, text, n, true, spans);
     *reasoning = (reasoning_span){true, text, 0};
     *content = (reasoning_span){false, text, 0};

@@ -6,8 +6,10 @@
  * ollama as thinking.
  *
  * What is reasoning, as llama.cpp reads it: a reply that begins with "<think>" (its very
- * first bytes), or any reply when the template's generation prompt opened the block
- * itself, is reasoning up to "</think>"; what follows is content. A reply that does not
+ * first bytes; for GLM-4.5 and 4.6, CHAT_THINK_REPLY_SPACED, its first after white space,
+ * as their template writes "\n<think>", the white space dropped whatever follows it), or
+ * any reply when the template's generation prompt opened the block itself, is reasoning
+ * up to "</think>"; what follows is content. A reply that does not
  * begin so is all content, its bytes as they are ("<think>" further on included), and so
  * is everything after the first "</think>". A block never closed (the reply cut by
  * max_tokens) is reasoning to the end. White space at the start of the reasoning and of
@@ -40,6 +42,8 @@
 
 enum reasoning_state {
     REASONING_AT_START,   /* nothing decided: the reply may open a block */
+    REASONING_AT_SPACE,   /* before the reply's first byte that is not white space, which
+                             may open a block (CHAT_THINK_REPLY_SPACED) */
     REASONING_LEAD,       /* in the block, before its first byte that is not white space */
     REASONING_IN,         /* in the block */
     REASONING_AFTER,      /* the block closed: white space before the content is dropped */
@@ -68,7 +72,8 @@ typedef struct reasoning_span {
 void reasoning_init(reasoning_split *s, bool opened);
 
 /* Starts s on a reply of a family whose reasoning chat_thinking says how to tell:
- * reasoning_init's think markers (opened for CHAT_THINK_OPENED), or gpt-oss's channels
+ * reasoning_init's think markers (opened for CHAT_THINK_OPENED, after white space for
+ * CHAT_THINK_REPLY_SPACED), or gpt-oss's channels
  * (CHAT_THINK_HARMONY: daemon/net/harmony.h, whose calls come out in the content, in
  * chatml's syntax where calls is set). */
 void reasoning_start(reasoning_split *s, enum chat_think kind, bool calls);
@@ -90,10 +95,11 @@ int reasoning_feed_each(reasoning_split *s, const char *text, size_t n, bool end
 /* Bytes of reply fed so far. */
 size_t reasoning_fed(const reasoning_split *s);
 
-/* A whole reply (n bytes) told apart: *reasoning and *content each one run of text (their
- * n 0 when there is none). */
-void reasoning_split_text(bool opened, const char *text, size_t n, reasoning_span *reasoning,
-                          reasoning_span *content);
+/* A whole reply (n bytes) of a family whose chat_thinking is kind (not
+ * CHAT_THINK_HARMONY) told apart: *reasoning and *content each one run of text (their n 0
+ * when there is none). */
+void reasoning_split_text(enum chat_think kind, const char *text, size_t n,
+                          reasoning_span *reasoning, reasoning_span *content);
 
 /* A whole gpt-oss reply (n bytes) told apart: its reasoning and its content (calls as
  * harmony_init's calls says) each one run of *owned, a fresh buffer the caller frees. 0,

@@ -51,6 +51,8 @@ static const char *const family_names[] = {
     [CHAT_MISTRAL_V7_TEKKEN] = "mistral-v7-tekken",
     [CHAT_DEEPSEEK2] = "deepseek2",
     [CHAT_GLM_4_7] = "glm-4.7",
+    [CHAT_ERNIE4_5] = "ernie4_5",
+    [CHAT_GLM_4_5] = "glm-4.5",
 };
 
 #define N_FAMILIES ((int)(sizeof family_names / sizeof family_names[0]))
@@ -192,6 +194,9 @@ enum chat_family chat_detect(const char *t)
     /* the rest in llama.cpp's order, which matters where a template has two markers */
     if (strstr(t, "<|assistant|>") && strstr(t, "<|end|>"))
         return CHAT_PHI3;
+    /* GLM-4.5's and 4.6's switch, which no other GLM template writes */
+    if (strstr(t, "[gMASK]<sop>") && strstr(t, "/nothink"))
+        return CHAT_GLM_4_5;
     /* GLM-4.5's tool calls, without 4.5's and 4.6's switch (they are not glm-4.7's turns) */
     if (strstr(t, "[gMASK]<sop>") && strstr(t, "<arg_key>") && !strstr(t, "/nothink"))
         return CHAT_GLM_4_7;
@@ -220,6 +225,10 @@ enum chat_family chat_detect(const char *t)
         return CHAT_COMMAND_R;
     if (strstr(t, "<|start_header_id|>") && strstr(t, "<|end_header_id|>"))
         return CHAT_LLAMA3;
+    /* ERNIE 4.5's sentence markers (its cls_token and sep_token) around "User: " turns */
+    if (strstr(t, "<|begin_of_sentence|>") && strstr(t, "<|end_of_sentence|>") &&
+        strstr(t, "User: "))
+        return CHAT_ERNIE4_5;
     /* DeepSeek-V2's reply, as llama.cpp recognises it (before deepseek3, as it does) */
     if (strstr(t, "'Assistant: ' + message['content'] + eos_token"))
         return CHAT_DEEPSEEK2;
@@ -279,7 +288,10 @@ const char *chat_stop_text(enum chat_family f)
     case CHAT_GLM_Z1:
     case CHAT_CHATGLM3:
     case CHAT_GLM_4_7:
+    case CHAT_GLM_4_5:
         return "<|user|>";
+    case CHAT_ERNIE4_5:
+        return "<|end_of_sentence|>";
     case CHAT_COMMAND_R:
         return "<|END_OF_TURN_TOKEN|>";
     case CHAT_SEED_OSS:
@@ -306,6 +318,8 @@ enum chat_think chat_thinking(enum chat_family f)
         return CHAT_THINK_OPENED;
     case CHAT_GPT_OSS:
         return CHAT_THINK_HARMONY;
+    case CHAT_GLM_4_5:
+        return CHAT_THINK_REPLY_SPACED;
     default:
         return CHAT_THINK_NONE;
     }
@@ -490,6 +504,9 @@ static const struct turn_format turn_formats[CHAT_N_FAMILIES] = {
                        "<|start_of_role|>assistant<|end_of_role|>"},
                       {"<|end_of_text|>\n", "<|end_of_text|>\n", "<|end_of_text|>\n"},
                       "<|start_of_role|>assistant<|end_of_role|>", ""},
+    /* after the "<|begin_of_sentence|>" apply_ernie45 writes first */
+    [CHAT_ERNIE4_5] = {{"", "User: ", "Assistant: "}, {"\n", "\n", "<|end_of_sentence|>"},
+                       "Assistant: ", ""},
 };
 
 /* answer_only: an assistant message is written without its reasoning, what follows its
@@ -678,6 +695,71 @@ static void apply_glm47(textwriter *w, const struct chat_message *msgs, int n, b
     }
     if (gen)
         textwriter_put(w, enable_thinking ? "<|assistant|><think>" : "<|assistant|></think>");
+}
+
+/* ERNIE 4.5's template (chat.h): its cls_token, which the template writes itself (the
+ * vocabulary's BOS is "<s>"), then turn_formats' turns. */
+static void apply_ernie45(textwriter *w, const struct chat_message *msgs, int n, bool gen)
+{
+    textwriter_put(w, "<|begin_of_sentence|>");
+    apply_turns(w, &turn_formats[CHAT_ERNIE4_5], msgs, n, gen, false);
+}
+
+/* Whether s ends with suffix. */
+static bool ends_with(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && memcmp(s + n - m, suffix, m) == 0;
+}
+
+/* A GLM-4.5 assistant message: its block, with its reasoning where keep_reasoning (empty
+ * otherwise), and its answer on a line of its own where that is not empty. */
+static void put_glm45_reply(textwriter *w, const char *content, bool keep_reasoning)
+{
+    const char *reasoning, *answer;
+    size_t n_reasoning;
+    chat_think_parts(content, &reasoning, &n_reasoning, &answer);
+    textwriter_put(w, "<|assistant|>\n<think>");
+    if (keep_reasoning)
+        put_trimmed_n(w, reasoning, n_reasoning);
+    textwriter_put(w, "</think>");
+    while (textwriter_is_space(*answer))
+        answer++;
+    if (*answer) {
+        textwriter_put(w, "\n");
+        textwriter_put_trimmed(w, answer);
+    }
+}
+
+/* GLM-4.5's and 4.6's template (chat.h): an assistant message's reasoning kept after the
+ * last user message alone. */
+static void apply_glm45(textwriter *w, const struct chat_message *msgs, int n, bool gen,
+                        bool enable_thinking)
+{
+    int last_user = -1;
+    for (int i = 0; i < n; i++)
+        if (role_of(&msgs[i]) == ROLE_USER)
+            last_user = i;
+    textwriter_put(w, "[gMASK]<sop>");
+    for (int i = 0; i < n; i++) {
+        switch (role_of(&msgs[i])) {
+        case ROLE_SYSTEM:
+            textwriter_put(w, "<|system|>\n");
+            textwriter_put(w, msgs[i].content);
+            break;
+        case ROLE_USER:
+            textwriter_put(w, "<|user|>\n");
+            textwriter_put(w, msgs[i].content);
+            if (!enable_thinking && !ends_with(msgs[i].content, "/nothink"))
+                textwriter_put(w, "/nothink");
+            break;
+        default:
+            put_glm45_reply(w, msgs[i].content, i > last_user);
+            break;
+        }
+    }
+    if (gen)
+        textwriter_put(w, enable_thinking ? "<|assistant|>" : "<|assistant|>\n<think></think>");
 }
 
 /* ChatGLM3's turns, as llama.cpp's LLM_CHAT_TEMPLATE_CHATGLM_3 writes them. */
@@ -921,6 +1003,12 @@ int chat_apply_think(enum chat_family f, const struct chat_message *msgs, int n,
         break;
     case CHAT_GLM_4_7:
         apply_glm47(&w, msgs, n, add_generation_prompt, enable_thinking);
+        break;
+    case CHAT_ERNIE4_5:
+        apply_ernie45(&w, msgs, n, add_generation_prompt);
+        break;
+    case CHAT_GLM_4_5:
+        apply_glm45(&w, msgs, n, add_generation_prompt, enable_thinking);
         break;
     default: /* the families turn_formats writes */
         apply_turns(&w, &turn_formats[f], msgs, n, add_generation_prompt, f == CHAT_DEEPSEEK3);

@@ -168,10 +168,27 @@ enum chat_family {
      * tokens). GLM-4.5's and 4.6's templates write a line break after each role and
      * "/nothink" for the switch: not this family */
     CHAT_GLM_4_7,
+    /* ERNIE 4.5's template (ERNIE-4.5-0.3B, 21B-A3B, 300B-A47B): "<|begin_of_sentence|>"
+     * (its cls_token, written by the template: BOS is "<s>"), then "sys\n",
+     * "User: user\n", "Assistant: assistant<|end_of_sentence|>", the generation prompt
+     * "Assistant: "; a reply ends at "<|end_of_sentence|>" (its sep_token, which the
+     * file does not mark end-of-generation). llama.cpp has no such format */
+    CHAT_ERNIE4_5,
+    /* GLM-4.5's and GLM-4.6's template (GLM-4.5, GLM-4.5-Air, GLM-4.6) without tools:
+     * "[gMASK]<sop>", then "<|role|>\ncontent"; an assistant message is "<|assistant|>\n"
+     * and its block, "<think>" + reasoning (stripped) + "</think>" when it follows the last
+     * user message, "<think></think>" otherwise, then its answer (the text after its last
+     * "</think>", stripped) after a line break where it is not empty; the generation
+     * prompt is "<|assistant|>", the model opening its block itself after a line break.
+     * With enable_thinking false each user message ends with "/nothink" (unless it does
+     * already) and the generation prompt closes an empty block:
+     * "<|assistant|>\n<think></think>". A reply ends at "<|user|>" or "<|observation|>"
+     * (the file's end-of-turn tokens) */
+    CHAT_GLM_4_5,
 };
 
 /* The number of families: they are 0 .. CHAT_N_FAMILIES - 1. */
-#define CHAT_N_FAMILIES ((int)CHAT_GLM_4_7 + 1)
+#define CHAT_N_FAMILIES ((int)CHAT_GLM_4_5 + 1)
 
 /*
  * The family of a template: either one of the names chat_family_name() gives, or the
@@ -191,9 +208,10 @@ enum chat_family {
  * "[|endofturn|]" exaone3; "<|start|>" with "<|channel|>" and "<|message|>" is gpt-oss;
  * "[gMASK]<sop>" is chatglm4, or glm-z1 where the generation prompt opens a think block
  * ("<|assistant|>\n<think>"), or glm-4.7 where the template writes GLM-4.5's tool calls
- * ("<arg_key>") and not GLM-4.5's and 4.6's "/nothink"; "<|START_OF_TURN_TOKEN|>" with
- * "<|USER_TOKEN|>" command-r;
- * "'Assistant: ' + message['content'] + eos_token" deepseek2.
+ * ("<arg_key>") and not GLM-4.5's and 4.6's "/nothink", or glm-4.5 where it writes
+ * "/nothink"; "<|START_OF_TURN_TOKEN|>" with "<|USER_TOKEN|>" command-r;
+ * "'Assistant: ' + message['content'] + eos_token" deepseek2; "<|begin_of_sentence|>" with
+ * "<|end_of_sentence|>" and "User: " ernie4_5.
  * NULL or anything else gives CHAT_PLAIN.
  */
 enum chat_family chat_detect(const char *template_text);
@@ -216,7 +234,7 @@ const char *chat_family_name(enum chat_family f);
     "mistral-v1|mistral-v3|mistral-v3-tekken|mistral-v7|zephyr|falcon3|deepseek3|openchat|" \
     "vicuna|vicuna-orca|deepseek|monarch|megrez|qwen3|qwen3-thinking|phi3|phi4|granite|gemma|" \
     "exaone3|smollm3|gpt-oss|chatglm4|glm-z1|command-r|seed_oss|hunyuan-dense|chatglm3|"    \
-    "mistral-v7-tekken|deepseek2|glm-4.7"
+    "mistral-v7-tekken|deepseek2|glm-4.7|ernie4_5|glm-4.5"
 
 struct chat_message {
     const char *role; /* "system", "user" or "assistant" */
@@ -237,7 +255,8 @@ int chat_apply(enum chat_family f, const struct chat_message *msgs, int n,
 
 /* chat_apply with the templates' enable_thinking (chat_apply's is true, their default):
  * false makes qwen3's generation prompt close an empty block and glm-4.7's close the
- * block it opens otherwise, so that the model answers without thinking, and smollm3's
+ * block it opens otherwise, so that the model answers without thinking, glm-4.5's close an
+ * empty block and its user messages end with "/nothink", and smollm3's
  * mode "/no_think" (unless its system message says
  * "/think"); the other families' templates have no such switch and ignore it. gpt-oss is
  * written with today's date (local time, as the template's strftime_now) and the default
@@ -254,6 +273,9 @@ enum chat_think {
                           (qwen3-thinking, glm-z1, glm-4.7) */
     CHAT_THINK_HARMONY, /* no think markers: a reply's analysis channel is its reasoning,
                            its final channel the answer (gpt-oss) */
+    CHAT_THINK_REPLY_SPACED, /* a reply opens its block itself after white space, which is
+                                dropped, as is white space before an answer without a
+                                block (glm-4.5: "\n<think>...</think>\nanswer") */
 };
 
 /* The families whose templates have the think markers, as chat_detect found them in the

@@ -12,45 +12,63 @@
 #include "tests/support/test.h"
 
 static const struct {
-    bool opened;
+    enum chat_think kind; /* the family's: where a block may open */
     const char *reply, *reasoning, *content;
 } CASES[] = {
     /* as Qwen3 and the R1 distills write it */
-    {false, "<think>\nI add them.\n</think>\n\nThe answer is 4.", "I add them.", "The answer is 4."},
-    {false, "<think>I add them.</think>The answer is 4.", "I add them.", "The answer is 4."},
+    {CHAT_THINK_REPLY, "<think>\nI add them.\n</think>\n\nThe answer is 4.", "I add them.",
+     "The answer is 4."},
+    {CHAT_THINK_REPLY, "<think>I add them.</think>The answer is 4.", "I add them.",
+     "The answer is 4."},
     /* no block: all content, as it is */
-    {false, "The answer is 4.", "", "The answer is 4."},
-    {false, "", "", ""},
-    {false, " <think>x</think>y", "", " <think>x</think>y"},
-    {false, "Text <think>x</think> y", "", "Text <think>x</think> y"},
-    {false, "<<think>x</think>y", "", "<<think>x</think>y"},
-    {false, "<thinking>x</thinking>y", "", "<thinking>x</thinking>y"},
+    {CHAT_THINK_REPLY, "The answer is 4.", "", "The answer is 4."},
+    {CHAT_THINK_REPLY, "", "", ""},
+    {CHAT_THINK_REPLY, " <think>x</think>y", "", " <think>x</think>y"},
+    {CHAT_THINK_REPLY, "Text <think>x</think> y", "", "Text <think>x</think> y"},
+    {CHAT_THINK_REPLY, "<<think>x</think>y", "", "<<think>x</think>y"},
+    {CHAT_THINK_REPLY, "<thinking>x</thinking>y", "", "<thinking>x</thinking>y"},
     /* a reply cut inside the opening marker is what it wrote */
-    {false, "<thi", "", "<thi"},
+    {CHAT_THINK_REPLY, "<thi", "", "<thi"},
     /* unclosed: reasoning to the end, a marker cut short included */
-    {false, "<think>\nStill thinking", "Still thinking", ""},
-    {false, "<think>\nStill thinking\n</thi", "Still thinking\n</thi", ""},
-    {false, "<think>", "", ""},
-    {false, "<think>\n\n", "", ""},
+    {CHAT_THINK_REPLY, "<think>\nStill thinking", "Still thinking", ""},
+    {CHAT_THINK_REPLY, "<think>\nStill thinking\n</thi", "Still thinking\n</thi", ""},
+    {CHAT_THINK_REPLY, "<think>", "", ""},
+    {CHAT_THINK_REPLY, "<think>\n\n", "", ""},
     /* an empty block (Qwen3's enable_thinking false, written by the model) */
-    {false, "<think>\n\n</think>\n\nHello.", "", "Hello."},
-    {false, "<think></think>", "", ""},
+    {CHAT_THINK_REPLY, "<think>\n\n</think>\n\nHello.", "", "Hello."},
+    {CHAT_THINK_REPLY, "<think></think>", "", ""},
     /* one line break before the close goes with it, more stay */
-    {false, "<think>a\n\n</think>b", "a\n", "b"},
-    {false, "<think>a \n</think>b", "a ", "b"},
+    {CHAT_THINK_REPLY, "<think>a\n\n</think>b", "a\n", "b"},
+    {CHAT_THINK_REPLY, "<think>a \n</think>b", "a ", "b"},
     /* what only looks like a marker stays text */
-    {false, "<think>a <</ /think> </thin </think\n>\n</think>\n  b", "a <</ /think> </thin </think\n>",
-     "b"},
-    {false, "<think>a<think>b</think>c", "a<think>b", "c"},
+    {CHAT_THINK_REPLY, "<think>a <</ /think> </thin </think\n>\n</think>\n  b",
+     "a <</ /think> </thin </think\n>", "b"},
+    {CHAT_THINK_REPLY, "<think>a<think>b</think>c", "a<think>b", "c"},
     /* after the block everything is content, a second block too */
-    {false, "<think>a</think>b</think>c<think>d</think>", "a", "b</think>c<think>d</think>"},
-    {false, "<think>\xc3\xa9t\xc3\xa9\n</think>\n\xe2\x9c\x93", "\xc3\xa9t\xc3\xa9", "\xe2\x9c\x93"},
+    {CHAT_THINK_REPLY, "<think>a</think>b</think>c<think>d</think>", "a",
+     "b</think>c<think>d</think>"},
+    {CHAT_THINK_REPLY, "<think>\xc3\xa9t\xc3\xa9\n</think>\n\xe2\x9c\x93", "\xc3\xa9t\xc3\xa9",
+     "\xe2\x9c\x93"},
     /* the template opened the block: the reply begins inside it */
-    {true, "\nI add them.\n</think>\n\nThe answer is 4.", "I add them.", "The answer is 4."},
-    {true, "All of it is reasoning", "All of it is reasoning", ""},
-    {true, "</think>Answer", "", "Answer"},
-    {true, "<think>x</think>y", "<think>x", "y"},
-    {true, "", "", ""},
+    {CHAT_THINK_OPENED, "\nI add them.\n</think>\n\nThe answer is 4.", "I add them.",
+     "The answer is 4."},
+    {CHAT_THINK_OPENED, "All of it is reasoning", "All of it is reasoning", ""},
+    {CHAT_THINK_OPENED, "</think>Answer", "", "Answer"},
+    {CHAT_THINK_OPENED, "<think>x</think>y", "<think>x", "y"},
+    {CHAT_THINK_OPENED, "", "", ""},
+    /* GLM-4.5 and 4.6 write a line break before the block, and before an answer the
+     * generation prompt's closed block ("<think></think>") leaves */
+    {CHAT_THINK_REPLY_SPACED, "\n<think>I add them.</think>\nThe answer is 4.", "I add them.",
+     "The answer is 4."},
+    {CHAT_THINK_REPLY_SPACED, "<think>\nx\n</think>\n\ny", "x", "y"},
+    {CHAT_THINK_REPLY_SPACED, " \n\t<think>x", "x", ""},
+    {CHAT_THINK_REPLY_SPACED, "\nThe answer is 4.", "", "The answer is 4."},
+    {CHAT_THINK_REPLY_SPACED, "\nText <think>x</think> y", "", "Text <think>x</think> y"},
+    {CHAT_THINK_REPLY_SPACED, "\n<thi", "", "<thi"},
+    {CHAT_THINK_REPLY_SPACED, "\n <<think>x</think>", "", "<<think>x</think>"},
+    {CHAT_THINK_REPLY_SPACED, "\n\n", "", ""},
+    {CHAT_THINK_REPLY_SPACED, "", "", ""},
+    {CHAT_THINK_REPLY_SPACED, "\n<think></think>\n</think>", "", "</think>"},
 };
 #define N_CASES (sizeof CASES / sizeof CASES[0])
 
@@ -82,7 +100,7 @@ static got feed_cut(size_t c, const size_t *cuts, size_t n_cuts)
     got g = {.ok = true};
     reasoning_split s;
     reasoning_span sp[REASONING_SPANS];
-    reasoning_init(&s, CASES[c].opened);
+    reasoning_start(&s, CASES[c].kind, false);
     const char *t = CASES[c].reply;
     size_t len = strlen(t), at = 0;
     for (size_t i = 0; i <= n_cuts; i++) {
@@ -106,7 +124,7 @@ static void whole_replies(void)
         got g = feed_cut(c, NULL, 0);
         CHECK_MSG(same(&g, c), "%zu: reasoning '%s' content '%s'", c, g.reasoning, g.content);
         reasoning_span r, t;
-        reasoning_split_text(CASES[c].opened, CASES[c].reply, strlen(CASES[c].reply), &r, &t);
+        reasoning_split_text(CASES[c].kind, CASES[c].reply, strlen(CASES[c].reply), &r, &t);
         CHECK_MSG(r.n == strlen(CASES[c].reasoning) && !memcmp(r.text, CASES[c].reasoning, r.n) &&
                       t.n == strlen(CASES[c].content) && !memcmp(t.text, CASES[c].content, t.n),
                   "%zu: split_text '%.*s' '%.*s'", c, (int)r.n, r.text, (int)t.n, t.text);
@@ -178,6 +196,18 @@ static void holds_back_only_what_may_be_a_marker(void)
     reasoning_init(&s, false);
     k = reasoning_feed(&s, "<a", 2, false, sp);
     CHECK(k == 1 && !sp[0].reasoning && sp[0].n == 2);
+    /* white space before a block that may open is dropped, not held: a long run of it
+     * costs nothing */
+    reasoning_start(&s, CHAT_THINK_REPLY_SPACED, false);
+    CHECK_EQ(reasoning_feed(&s, "\n\n\n\n\n\n\n\n\n\n", 10, false, sp), 0);
+    CHECK_EQ(s.n_held, 0u);
+    CHECK_EQ(reasoning_feed(&s, " <thin", 6, false, sp), 0);
+    CHECK_EQ(s.n_held, 5u);
+    k = reasoning_feed(&s, "k>a", 3, false, sp);
+    CHECK(k == 1 && sp[0].reasoning && sp[0].n == 1 && sp[0].text[0] == 'a');
+    reasoning_start(&s, CHAT_THINK_REPLY_SPACED, false);
+    k = reasoning_feed(&s, "\nHi", 3, false, sp);
+    CHECK(k == 1 && !sp[0].reasoning && sp[0].n == 2 && !memcmp(sp[0].text, "Hi", 2));
 }
 
 int main(void)

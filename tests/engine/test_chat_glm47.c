@@ -21,12 +21,12 @@ static void detects_glm47_by_its_markers(void)
                          "and not enable_thinking) else '<think>' -}}"),
              CHAT_GLM_4_7);
     /* GLM-4.6's template (llama.cpp's models/templates/GLM-4.6.jinja): its user turn and
-     * tool calls, whose line breaks glm-4.7 does not write */
+     * tool calls, whose line breaks glm-4.7 does not write: glm-4.5 (test_chat_glm45.c) */
     CHECK_EQ(chat_detect("[gMASK]<sop>{%- if m.role == 'user' -%}<|user|>\n"
                          "{{ visible_text(m.content) }}\n{{- '/nothink' if (enable_thinking is "
                          "defined and not enable_thinking and not visible_text(m.content)"
                          ".endswith(\"/nothink\")) else '' -}}\n<arg_key>{{ k }}</arg_key>"),
-             CHAT_CHATGLM4);
+             CHAT_GLM_4_5);
     CHECK_EQ(chat_detect("[gMASK]<sop>{{ '<|assistant|>\\n<think>' }}"), CHAT_GLM_Z1);
     CHECK_EQ(chat_detect("<|im_start|><arg_key>"), CHAT_CHATML);
     CHECK_EQ(chat_detect("glm-4.7"), CHAT_GLM_4_7);
