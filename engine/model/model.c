@@ -254,6 +254,20 @@ int model_ff_max(const model_hparams *hp)
     return ff > hp->n_ff_shexp ? ff : hp->n_ff_shexp;
 }
 
+model_widths model_widths_of(const model_hparams *hp)
+{
+    model_widths w = {
+        .mla_in = hp->mla_qk_nope > hp->mla_kv_rank ? hp->mla_qk_nope : hp->mla_kv_rank,
+        .mla_out = hp->mla_kv_rank > hp->mla_v_dim ? hp->mla_kv_rank : hp->mla_v_dim,
+    };
+    /* deepseek2's q_b and attn_output read inputs of their own widths */
+    int widest[] = {hp->dim, model_ff_max(hp), hp->n_head * hp->head_dim, hp->mla_q_rank,
+                    w.mla_in, hp->n_head * hp->mla_v_dim};
+    for (size_t i = 0; i < sizeof widest / sizeof *widest; i++)
+        w.max_cols = widest[i] > w.max_cols ? widest[i] : w.max_cols;
+    return w;
+}
+
 int model_layer_window(const model_hparams *hp, int layer)
 {
     if (hp->swa_window <= 0 || layer % hp->swa_pattern >= hp->swa_pattern - 1)
@@ -2212,24 +2226,19 @@ model_runner *model_runner_new_opts(const model *m, const model_runner_opts *opt
     size_t stage = B < MODEL_LOGITS_STAGE ? B : MODEL_LOGITS_STAGE;
     size_t ff = (size_t)model_ff_max(hp);
     size_t mla_q = (size_t)hp->n_head * (hp->mla_qk_nope + hp->rope_dims) * (hp->mla_kv_rank > 0);
-    size_t mla_in = hp->mla_qk_nope > hp->mla_kv_rank ? hp->mla_qk_nope : hp->mla_kv_rank;
-    size_t mla_out = hp->mla_kv_rank > hp->mla_v_dim ? hp->mla_kv_rank : hp->mla_v_dim;
+    model_widths widths = model_widths_of(hp);
+    size_t mla_in = (size_t)widths.mla_in, mla_out = (size_t)widths.mla_out;
     size_t mla_v = (size_t)hp->n_head * hp->mla_v_dim;
     size_t mla_mm = mla_in ? model_align(ops_matmul_scratch_bytes(max_batch, (int)mla_in, 1)) : 0;
     r->mla_in_width = (int)mla_in;
     r->mla_out_width = (int)mla_out;
     r->mla_mm_bytes = mla_mm;
-    /* the widest input of a matrix product: deepseek2's q_b and attn_output read its own */
-    size_t max_cols = (size_t)hp->dim > ff ? (size_t)hp->dim : ff;
-    size_t widest[] = {q_dim, (size_t)hp->mla_q_rank, mla_in, mla_v};
-    for (size_t i = 0; i < sizeof widest / sizeof *widest; i++)
-        max_cols = widest[i] > max_cols ? widest[i] : max_cols;
     size_t every[] = {
         B * hp->dim * 4, B * hp->dim * 4, B * hp->dim * 4, B * hp->head_dim * 4,
         hp->rope_swa ? B * hp->head_dim * 4 : 0,
         (size_t)max_kv * 4, ((size_t)max_kv + max_batch / KV_CHUNK_TOKENS + 3) * sizeof(int),
         B * sizeof(kv_chunk *), B * sizeof(int),
-        ops_matmul_scratch_bytes(max_batch, (int)max_cols, nt),
+        ops_matmul_scratch_bytes(max_batch, widths.max_cols, nt),
         B * sizeof(model_part), B * sizeof(int), B * sizeof(int32_t), B * sizeof(int),
         B * sizeof(float *), stage * hp->n_vocab * 4, B * sizeof(int32_t),
         B * sizeof(const model *), 3 * B * (size_t)m->lora_rank * 4,

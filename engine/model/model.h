@@ -270,6 +270,16 @@ bool model_layer_has_experts(const model_hparams *hp, int layer);
  * expert's (the rows of the runner's gate and up scratch). */
 int model_ff_max(const model_hparams *hp);
 
+/* The widths a runner's scratch is sized by (and engine/model/prefill.c's estimate of it):
+ * the widest input of any matrix product, and deepseek2's per-head products' rows in
+ * (max(mla_qk_nope, mla_kv_rank)) and out (max(mla_kv_rank, mla_v_dim)), 0 for the other
+ * architectures. */
+typedef struct model_widths {
+    int max_cols;
+    int mla_in, mla_out;
+} model_widths;
+model_widths model_widths_of(const model_hparams *hp);
+
 /* Whether layer l rotates q and k (RoPE): every layer but smollm3's NoPE ones. */
 bool model_layer_rotates(const model_hparams *hp, int layer);
 

@@ -37,19 +37,15 @@ prefill_estimate prefill_estimate_of(const model_hparams *hp, int rows, int attn
     /* deepseek2's latent attention (model.c's runner): the queries before and after
      * attn_q_a, a head's rows in and out per thread and their product's scratch, the
      * heads' values */
-    size_t mla_in = (size_t)(hp->mla_qk_nope > hp->mla_kv_rank ? hp->mla_qk_nope : hp->mla_kv_rank);
-    size_t mla_out = (size_t)(hp->mla_kv_rank > hp->mla_v_dim ? hp->mla_kv_rank : hp->mla_v_dim);
+    model_widths widths = model_widths_of(hp);
+    size_t mla_in = (size_t)widths.mla_in, mla_out = (size_t)widths.mla_out;
     size_t mla_qf = hp->mla_kv_rank ? (size_t)hp->n_head * (hp->mla_qk_nope + hp->rope_dims) : 0;
     size_t mla_v = (size_t)hp->n_head * hp->mla_v_dim;
-    size_t max_cols = (size_t)hp->dim > ff ? (size_t)hp->dim : ff;
-    size_t widest[] = {q_dim, (size_t)hp->mla_q_rank, mla_in, mla_v};
-    for (size_t i = 0; i < sizeof widest / sizeof *widest; i++)
-        max_cols = widest[i] > max_cols ? widest[i] : max_cols;
     size_t stage = R < PREFILL_LOGITS_STAGE ? R : PREFILL_LOGITS_STAGE;
     kv_shape shape = {hp->n_layer, hp->n_head_kv, hp->head_dim, hp->mla_kv_rank > 0};
 
     size_t x = R * hp->dim * F; /* the residual, the normalized input, a projection */
-    size_t mm = ops_matmul_scratch_bytes(rows, (int)max_cols, n_threads);
+    size_t mm = ops_matmul_scratch_bytes(rows, widths.max_cols, n_threads);
     /* the rows' RoPE pairs, twice where sliding layers rotate otherwise (gemma3) */
     e.every = 3 * x + (hp->rope_swa ? 2 : 1) * R * hd * F + 2 * C * sizeof(int32_t) +
               R * PREFILL_ROW_BOOK + mm + stage * hp->n_vocab * F;
