@@ -655,14 +655,15 @@ static void apply_glm4(textwriter *w, enum chat_family f, const struct chat_mess
         textwriter_put(w, z1 ? "<|assistant|>\n<think>" : "<|assistant|>\n");
 }
 
-/* s[0..n) with leading and trailing whitespace removed (Jinja's strip()). */
-static void put_trimmed_n(textwriter *w, const char *s, size_t n)
+/* The index of the last user message, or -1 (GLM-4.5's and 4.7's templates keep an
+ * assistant message's reasoning after it alone). */
+static int last_user_message(const struct chat_message *msgs, int n)
 {
-    while (n > 0 && textwriter_is_space(*s))
-        s++, n--;
-    while (n > 0 && textwriter_is_space(s[n - 1]))
-        n--;
-    textwriter_put_n(w, s, n);
+    int last = -1;
+    for (int i = 0; i < n; i++)
+        if (role_of(&msgs[i]) == ROLE_USER)
+            last = i;
+    return last;
 }
 
 /* GLM-4.7's template (chat.h): an assistant message's block kept after the last user
@@ -670,10 +671,7 @@ static void put_trimmed_n(textwriter *w, const char *s, size_t n)
 static void apply_glm47(textwriter *w, const struct chat_message *msgs, int n, bool gen,
                         bool enable_thinking)
 {
-    int last_user = -1;
-    for (int i = 0; i < n; i++)
-        if (role_of(&msgs[i]) == ROLE_USER)
-            last_user = i;
+    int last_user = last_user_message(msgs, n);
     textwriter_put(w, "[gMASK]<sop>");
     for (int i = 0; i < n; i++) {
         textwriter_put(w, "<|");
@@ -688,7 +686,7 @@ static void apply_glm47(textwriter *w, const struct chat_message *msgs, int n, b
         chat_think_parts(msgs[i].content, &reasoning, &n_reasoning, &answer);
         if (i > last_user && n_reasoning > 0) {
             textwriter_put(w, "<think>");
-            put_trimmed_n(w, reasoning, n_reasoning);
+            textwriter_put_trimmed_n(w, reasoning, n_reasoning);
         }
         textwriter_put(w, "</think>");
         textwriter_put_trimmed(w, answer);
@@ -721,7 +719,7 @@ static void put_glm45_reply(textwriter *w, const char *content, bool keep_reason
     chat_think_parts(content, &reasoning, &n_reasoning, &answer);
     textwriter_put(w, "<|assistant|>\n<think>");
     if (keep_reasoning)
-        put_trimmed_n(w, reasoning, n_reasoning);
+        textwriter_put_trimmed_n(w, reasoning, n_reasoning);
     textwriter_put(w, "</think>");
     while (textwriter_is_space(*answer))
         answer++;
@@ -736,10 +734,7 @@ static void put_glm45_reply(textwriter *w, const char *content, bool keep_reason
 static void apply_glm45(textwriter *w, const struct chat_message *msgs, int n, bool gen,
                         bool enable_thinking)
 {
-    int last_user = -1;
-    for (int i = 0; i < n; i++)
-        if (role_of(&msgs[i]) == ROLE_USER)
-            last_user = i;
+    int last_user = last_user_message(msgs, n);
     textwriter_put(w, "[gMASK]<sop>");
     for (int i = 0; i < n; i++) {
         switch (role_of(&msgs[i])) {

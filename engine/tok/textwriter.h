@@ -36,15 +36,20 @@ static inline bool textwriter_is_space(char c)
     return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r';
 }
 
-/* s with its leading and trailing white space removed (Jinja's trim). */
-static inline void textwriter_put_trimmed(textwriter *w, const char *s)
+/* s[0..n) with its leading and trailing white space removed (Jinja's trim). */
+static inline void textwriter_put_trimmed_n(textwriter *w, const char *s, size_t n)
 {
-    size_t n = strlen(s);
     while (n > 0 && textwriter_is_space(*s))
         s++, n--;
     while (n > 0 && textwriter_is_space(s[n - 1]))
         n--;
     textwriter_put_n(w, s, n);
+}
+
+/* s with its leading and trailing white space removed. */
+static inline void textwriter_put_trimmed(textwriter *w, const char *s)
+{
+    textwriter_put_trimmed_n(w, s, strlen(s));
 }
 
 #endif
