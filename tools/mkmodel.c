@@ -10,8 +10,8 @@
  *           [--experts N --experts-used K [--expert-ffn F] [--shared-ffn F]
  *            [--expert-type mxfp4|type]]
  *           --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k
- *                  |iq4_nl|iq4_xs|mxfp4|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m
- *                  |iq4_nl_mix|iq4_xs_mix
+ *                  |iq4_nl|iq4_xs|mxfp4|iq3_s|iq3_xxs|iq2_s|iq2_xs|iq2_xxs|iq1_m|iq1_s
+ *                  |q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m|iq4_nl_mix|iq4_xs_mix
  *           --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]
  *           [--pooling mean|cls|last|rank]   (pooling_type; encoders default to cls
  *                                        or mean, rank, bert only, adds the cross-encoder
@@ -93,6 +93,10 @@ static const struct {
     {"q4_k", QTYPE_Q4_K, MODELGEN_MIX_NONE}, {"q5_k", QTYPE_Q5_K, MODELGEN_MIX_NONE},
     {"q6_k", QTYPE_Q6_K, MODELGEN_MIX_NONE},   {"iq4_nl", QTYPE_IQ4_NL, MODELGEN_MIX_NONE},
     {"iq4_xs", QTYPE_IQ4_XS, MODELGEN_MIX_NONE}, {"mxfp4", QTYPE_MXFP4, MODELGEN_MIX_NONE},
+    {"iq3_s", QTYPE_IQ3_S, MODELGEN_MIX_NONE},   {"iq3_xxs", QTYPE_IQ3_XXS, MODELGEN_MIX_NONE},
+    {"iq2_s", QTYPE_IQ2_S, MODELGEN_MIX_NONE},   {"iq2_xs", QTYPE_IQ2_XS, MODELGEN_MIX_NONE},
+    {"iq2_xxs", QTYPE_IQ2_XXS, MODELGEN_MIX_NONE}, {"iq1_m", QTYPE_IQ1_M, MODELGEN_MIX_NONE},
+    {"iq1_s", QTYPE_IQ1_S, MODELGEN_MIX_NONE},
     /* llama.cpp's mixes: some tensors in other types (modelgen.h); q2_k_mix is what
      * llama-quantize calls Q2_K, q2_k every matrix in Q2_K (and so for IQ4_NL, IQ4_XS) */
     {"q2_k_mix", QTYPE_Q2_K, MODELGEN_MIX_Q2_K}, {"q3_k_s", QTYPE_Q3_K, MODELGEN_MIX_Q3_K_S},
@@ -122,8 +126,9 @@ static void usage(FILE *out)
             "               only with --shared-ffn; the experts' type: gpt-oss's default\n"
             "               mxfp4, the others' --type)\n"
             "               --type f32|f16|bf16|q8_0|q4_0|q4_1|q5_0|q5_1|q2_k|q3_k|q4_k|q5_k|q6_k\n"
-            "                      |iq4_nl|iq4_xs|mxfp4|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m\n"
-            "                      |iq4_nl_mix|iq4_xs_mix\n"
+            "                      |iq4_nl|iq4_xs|mxfp4|iq3_s|iq3_xxs|iq2_s|iq2_xs|iq2_xxs|iq1_m\n"
+            "                      |iq1_s|q2_k_mix|q3_k_s|q3_k_m|q3_k_l|q4_k_m|q5_k_m|iq4_nl_mix\n"
+            "                      |iq4_xs_mix\n"
             "               --vocab VOCAB.gguf [--seed S] [--head-dim HD] [--tied] [--threads N]\n"
             "               [--pooling mean|cls|last|rank]  (pooling_type; encoders: default\n"
             "               cls for bert, mean for nomic-bert and gemma-embedding; rank,\n"

@@ -13,6 +13,7 @@
 #include "engine/quant/quant_avx2.h"
 #include "engine/quant/quant_avx512.h"
 #include "engine/quant/quant_blocks.h"
+#include "engine/quant/quant_iq.h"
 #include "engine/quant/quant_repack_avx512.h"
 
 #if defined(__x86_64__)
@@ -37,20 +38,20 @@ static const quant_traits traits_by_id[QTYPE_COUNT] = {
     [QTYPE_Q5_K] = {"Q5_K", 256, 176, true},
     [QTYPE_Q6_K] = {"Q6_K", 256, 210, true},
     [QTYPE_Q8_K] = {"Q8_K", 256, 292, false},
-    [QTYPE_IQ2_XXS] = {"IQ2_XXS", 256, 66, false},
-    [QTYPE_IQ2_XS] = {"IQ2_XS", 256, 74, false},
-    [QTYPE_IQ3_XXS] = {"IQ3_XXS", 256, 98, false},
-    [QTYPE_IQ1_S] = {"IQ1_S", 256, 50, false},
+    [QTYPE_IQ2_XXS] = {"IQ2_XXS", 256, 66, true},
+    [QTYPE_IQ2_XS] = {"IQ2_XS", 256, 74, true},
+    [QTYPE_IQ3_XXS] = {"IQ3_XXS", 256, 98, true},
+    [QTYPE_IQ1_S] = {"IQ1_S", 256, 50, true},
     [QTYPE_IQ4_NL] = {"IQ4_NL", 32, 18, true},
-    [QTYPE_IQ3_S] = {"IQ3_S", 256, 110, false},
-    [QTYPE_IQ2_S] = {"IQ2_S", 256, 82, false},
+    [QTYPE_IQ3_S] = {"IQ3_S", 256, 110, true},
+    [QTYPE_IQ2_S] = {"IQ2_S", 256, 82, true},
     [QTYPE_IQ4_XS] = {"IQ4_XS", 256, 136, true},
     [QTYPE_I8] = {"I8", 1, 1, false},
     [QTYPE_I16] = {"I16", 1, 2, false},
     [QTYPE_I32] = {"I32", 1, 4, false},
     [QTYPE_I64] = {"I64", 1, 8, false},
     [QTYPE_F64] = {"F64", 1, 8, false},
-    [QTYPE_IQ1_M] = {"IQ1_M", 256, 56, false},
+    [QTYPE_IQ1_M] = {"IQ1_M", 256, 56, true},
     [QTYPE_BF16] = {"BF16", 1, 2, true},
     [QTYPE_TQ1_0] = {"TQ1_0", 256, 54, false},
     [QTYPE_TQ2_0] = {"TQ2_0", 256, 66, false},
@@ -444,6 +445,8 @@ void quant_dequantize_row_scalar(uint32_t t, const void *src, float *dst, int64_
         dequant_q8_k(src, dst, n / QB_256);
         break;
     default:
+        if (quant_iq_type(t))
+            quant_iq_dequantize(t, src, dst, n / QB_256);
         break;
     }
 }
@@ -1018,6 +1021,8 @@ void quant_quantize_row(uint32_t t, const float *src, void *dst, int64_t n)
         quantize_q8_k(src, dst, n / QB_256);
         break;
     default:
+        if (quant_iq_type(t))
+            quant_iq_quantize(t, src, dst, n / QB_256);
         break;
     }
 }
@@ -1043,7 +1048,7 @@ uint32_t quant_dot_activation_type(uint32_t t)
     case QTYPE_IQ4_XS:
         return QTYPE_Q8_K;
     default:
-        return QTYPE_F32;
+        return quant_iq_type(t) ? QTYPE_Q8_K : QTYPE_F32;
     }
 }
 
@@ -1325,7 +1330,7 @@ float quant_dot_scalar(uint32_t t, const void *weights, const void *activation, 
     case QTYPE_Q2_K:
         return dot_q2_k(weights, activation, n / QB_256);
     default:
-        return 0;
+        return quant_iq_type(t) ? quant_iq_dot(t, weights, activation, n / QB_256) : 0;
     }
 }
 

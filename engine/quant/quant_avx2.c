@@ -17,6 +17,7 @@
 
 #include "engine/quant/quant.h"
 #include "engine/quant/quant_blocks.h"
+#include "engine/quant/quant_iq.h"
 #include "engine/quant/quant_x86.h"
 
 #define INLINE static inline __attribute__((always_inline))
@@ -32,6 +33,14 @@ INLINE float hsum(__m256 v)
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
+}
+
+INLINE int hsum_i32(__m256i v)
+{
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
 }
 
 INLINE __m256i load256(const void *p)
@@ -427,6 +436,31 @@ static float dot_iq4_xs(const qblock_iq4_xs *x, const qblock_q8_k *y, int64_t nb
     return hsum(acc);
 }
 
+/* The i-quants below 4 bits: a super-block unpacked into signed bytes (quant_iq.c), their
+ * products' pair sums scaled by each 16 values' 2 s + 1 in madd (|q| <= 62, so no
+ * saturation): the scalar kernel's integer per super-block, added up in its order, so the
+ * result is its bits. */
+static float dot_iq(uint32_t t, const uint8_t *x, const qblock_q8_k *y, int64_t nb)
+{
+    size_t bytes = quant_traits_of(t)->block_bytes;
+    iq_block b;
+    float sum = 0;
+    for (int64_t i = 0; i < nb; i++) {
+        quant_iq_unpack(t, x + (size_t)i * bytes, &b);
+        __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int k = 0; k < 8; k++) {
+            __m256i q = load256(b.q + 32 * k), a = load256(y[i].qs + 32 * k);
+            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q));
+            __m256i sc = _mm256_setr_m128i(_mm_set1_epi16((short)(2 * b.scale[2 * k] + 1)),
+                                           _mm_set1_epi16((short)(2 * b.scale[2 * k + 1] + 1)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
+        }
+        sum += quant_iq_block_sum(t, &b, hsum_i32(sumi), &y[i]);
+    }
+    return quant_iq_row_factor(t) * sum;
+}
+
 /* Q3_K as Q6_K: the 3-bit values unpacked unsigned (q, stored as q - 4 + 4) 32 at a time in
  * element order, the + 4 taken off through bsums, the int8 scales (sc - 32) applied by
  * madd: the integers of the scalar kernel. */
@@ -685,6 +719,11 @@ void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int6
             out[r] = dot_q2_k((const void *)(w + (size_t)r * row_bytes), activation, n / QB_256);
         break;
     default:
+        if (quant_iq_type(t)) {
+            for (; r < n_rows; r++)
+                out[r] = dot_iq(t, w + (size_t)r * row_bytes, activation, n / QB_256);
+            break;
+        }
         for (; r < n_rows; r++)
             out[r] = 0;
         break;
@@ -1065,13 +1104,6 @@ INLINE float hmax(__m256 v)
     return _mm_cvtss_f32(m);
 }
 
-INLINE int hsum_i32(__m256i v)
-{
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
-}
 
 /* Largest |x| over n (a multiple of 32) floats. */
 INLINE float absmax(const float *x, int n)

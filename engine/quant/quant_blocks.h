@@ -94,6 +94,80 @@ static inline float qb_e8m0_half(uint8_t e)
     return f;
 }
 
+/*
+ * The i-quants below 4 bits (see quant_iq.h): a super-block of 256 is 32 groups of 8
+ * whose magnitudes are one entry of a codebook of lattice points (IQ3: two entries of 4),
+ * with sign bits and scale fields beside them.
+ */
+
+/* IQ2_XXS: sub-block k of 32 is qs[4 k .. 4 k + 3] read as two little-endian uint32: the
+ * first holds its 4 groups' entries of the 256-entry codebook (a byte each), the second
+ * their 7-bit sign patterns (group l at bits 7 l; the eighth sign makes the count of
+ * negatives even) and the scale s in its top 4 bits: x = d * (0.5 + s) / 4 * entry. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint8_t qs[64];
+} qblock_iq2_xxs;
+
+/* IQ2_XS: little-endian uint16 4 k + l of qs is group l of sub-block k: its entry of 512
+ * in bits 0-8, its 7-bit sign pattern (as IQ2_XXS's) in bits 9-15; scales[k]'s low nibble
+ * is the scale of the sub-block's first 16 elements, the high one of the last 16. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint8_t qs[64];
+    uint8_t scales[8];
+} qblock_iq2_xs;
+
+/* IQ2_S: group l of sub-block k has entry qs[4 k + l] plus 256 times bits 2 l, 2 l + 1 of
+ * qh[k] (of 1024), all 8 signs in signs[4 k + l]; scales as IQ2_XS's. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint8_t qs[32];
+    uint8_t signs[32];
+    uint8_t qh[8];
+    uint8_t scales[8];
+} qblock_iq2_s;
+
+/* IQ3_XXS: group l of sub-block k is entries qs[8 k + 2 l] and qs[8 k + 2 l + 1] of a
+ * 256-entry codebook of 4 values; scales_signs[4 k ..] as a little-endian uint32 holds the
+ * sign patterns and scale as IQ2_XXS's second word: x = d * (0.5 + s) / 2 * entry. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint8_t qs[64];
+    uint8_t scales_signs[32];
+} qblock_iq3_xxs;
+
+/* IQ3_S: group l of sub-block k is entries qs[8 k + 2 l] and qs[8 k + 2 l + 1] (of 512,
+ * their ninth bits at bits 2 l and 2 l + 1 of qh[k]), all 8 signs in signs[4 k + l];
+ * sub-block k's scale s is a nibble of scales[k / 2] (the high one for odd k):
+ * x = d * (1 + 2 s) * entry. */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint8_t qs[64];
+    uint8_t qh[8];
+    uint8_t signs[32];
+    uint8_t scales[4];
+} qblock_iq3_s;
+
+/* IQ1_S: group l of sub-block k has entry qs[4 k + l] plus 256 times bits 3 l .. 3 l + 2
+ * of h, little-endian uint16 k of qh (of 2048 entries of -1, 0, 1); h's bits 12-14 are the
+ * scale s, bit 15 the sign of the shift: x = d * (2 s + 1) * (entry +- 1/8). */
+typedef struct __attribute__((packed)) {
+    uint16_t d; /* f16 */
+    uint8_t qs[32];
+    uint8_t qh[16];
+} qblock_iq1_s;
+
+/* IQ1_M: as IQ1_S with a shift per group: qh[2 k + h] holds groups 2 h and 2 h + 1 of
+ * sub-block k, each a nibble of 3 entry bits and the shift's sign. scales as 4 uint16: a
+ * 3-bit scale per 16 elements (sub-block k's at bits 6 (k % 2) of word k / 2, then 3 more),
+ * and the f16 d in the words' top nibbles (word 0 the lowest). */
+typedef struct __attribute__((packed)) {
+    uint8_t qs[32];
+    uint8_t qh[16];
+    uint8_t scales[8];
+} qblock_iq1_m;
+
 /* 8 sub-blocks of 32: x = d * sc[j] * nibble - dmin * m[j] (sc, m: 6 bits, packed in
  * scales, see qb_unpack_k_scales). qs[32 g + l] holds element 64 g + l in its low nibble
  * and element 64 g + 32 + l in its high nibble. */
@@ -158,6 +232,13 @@ _Static_assert(sizeof(qblock_q5_1) == 24, "Q5_1 block");
 _Static_assert(sizeof(qblock_iq4_nl) == 18, "IQ4_NL block");
 _Static_assert(sizeof(qblock_iq4_xs) == 136, "IQ4_XS block");
 _Static_assert(sizeof(qblock_mxfp4) == 17, "MXFP4 block");
+_Static_assert(sizeof(qblock_iq2_xxs) == 66, "IQ2_XXS block");
+_Static_assert(sizeof(qblock_iq2_xs) == 74, "IQ2_XS block");
+_Static_assert(sizeof(qblock_iq2_s) == 82, "IQ2_S block");
+_Static_assert(sizeof(qblock_iq3_xxs) == 98, "IQ3_XXS block");
+_Static_assert(sizeof(qblock_iq3_s) == 110, "IQ3_S block");
+_Static_assert(sizeof(qblock_iq1_s) == 50, "IQ1_S block");
+_Static_assert(sizeof(qblock_iq1_m) == 56, "IQ1_M block");
 _Static_assert(sizeof(qblock_q4_k) == 144, "Q4_K block");
 _Static_assert(sizeof(qblock_q5_k) == 176, "Q5_K block");
 _Static_assert(sizeof(qblock_q6_k) == 210, "Q6_K block");

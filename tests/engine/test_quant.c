@@ -48,6 +48,13 @@ static void put16(uint8_t *p, uint16_t v)
     p[1] = (uint8_t)(v >> 8);
 }
 
+/* IQ1_M keeps its f16 super-block scale in the top nibbles of its four scale words. */
+static void put_iq1_m_d(uint8_t *block, uint16_t d)
+{
+    for (int i = 0; i < 4; i++)
+        block[48 + 2 * i + 1] = (uint8_t)((block[48 + 2 * i + 1] & 0x0f) | ((d >> (4 * i)) & 0xf) << 4);
+}
+
 static uint32_t f32_bits(float f)
 {
     uint32_t x;
@@ -62,10 +69,11 @@ static float bits_f32(uint32_t x)
     return f;
 }
 
-static const uint32_t dot_types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0,
-                                     QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1,
-                                     QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K,
-                                     QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_MXFP4};
+static const uint32_t dot_types[] = {
+    QTYPE_F32,    QTYPE_F16,   QTYPE_BF16,    QTYPE_Q8_0,   QTYPE_Q4_0,  QTYPE_Q4_1,
+    QTYPE_Q5_0,   QTYPE_Q5_1,  QTYPE_Q2_K,    QTYPE_Q3_K,   QTYPE_Q4_K,  QTYPE_Q5_K,
+    QTYPE_Q6_K,   QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_MXFP4,  QTYPE_IQ2_XXS, QTYPE_IQ2_XS,
+    QTYPE_IQ2_S,  QTYPE_IQ3_XXS, QTYPE_IQ3_S, QTYPE_IQ1_S,  QTYPE_IQ1_M};
 #define N_DOT_TYPES (sizeof dot_types / sizeof dot_types[0])
 
 static bool have_avx2(void)
@@ -488,9 +496,11 @@ static void float_rows_layout(void)
  * data's RMS. Bounds are about 1.3x what these quantizers reach (F16 2.1e-4, BF16 1.7e-3,
  * Q8_0 0.0053, Q8_K 0.0069, Q4_0 0.086, Q4_K 0.071, Q5_K 0.036, Q6_K 0.017, Q3_K 0.144,
  * Q2_K 0.271, Q4_1 0.071, Q5_0 0.040, Q5_1 0.034, IQ4_NL 0.074, IQ4_XS 0.075, MXFP4 0.115
- * (llama.cpp's own rule, which MXFP4 follows); llama.cpp's
+ * (llama.cpp's own rule, which MXFP4 follows), IQ2_XXS 0.335, IQ2_XS 0.290, IQ2_S 0.243,
+ * IQ3_XXS 0.177, IQ3_S 0.130, IQ1_S 0.454, IQ1_M 0.419 (those 1.1x); llama.cpp's
  * reference quantizer reaches Q3_K 0.151, Q2_K 0.296, Q4_1 0.078, Q5_0 0.043, Q5_1 0.038,
- * IQ4_NL 0.076 and IQ4_XS 0.077 on such rows). */
+ * IQ4_NL 0.076 and IQ4_XS 0.077 on such rows, and with unit importance weights IQ2_XXS
+ * 0.345, IQ2_XS 0.300, IQ2_S 0.248, IQ3_XXS 0.181, IQ3_S 0.137, IQ1_S 0.485, IQ1_M 0.452). */
 static void quantize_error_is_bounded(void)
 {
     static const struct {
@@ -501,7 +511,8 @@ static void quantize_error_is_bounded(void)
         {QTYPE_Q8_K, 0.009}, {QTYPE_Q4_0, 0.11}, {QTYPE_Q4_K, 0.095},  {QTYPE_Q5_K, 0.047},
         {QTYPE_Q6_K, 0.023}, {QTYPE_Q3_K, 0.19}, {QTYPE_Q2_K, 0.35}, {QTYPE_Q4_1, 0.092},
         {QTYPE_Q5_0, 0.053}, {QTYPE_Q5_1, 0.045}, {QTYPE_IQ4_NL, 0.096}, {QTYPE_IQ4_XS, 0.097},
-        {QTYPE_MXFP4, 0.15},
+        {QTYPE_MXFP4, 0.15}, {QTYPE_IQ2_XXS, 0.37}, {QTYPE_IQ2_XS, 0.32}, {QTYPE_IQ2_S, 0.27},
+        {QTYPE_IQ3_XXS, 0.195}, {QTYPE_IQ3_S, 0.145}, {QTYPE_IQ1_S, 0.5}, {QTYPE_IQ1_M, 0.46},
     };
     enum { N = 8192 };
     float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y);
@@ -523,6 +534,135 @@ static void quantize_error_is_bounded(void)
     free(x);
     free(y);
     free(q);
+}
+
+/*
+ * The i-quants' codebooks are the format's (ggml's tables): a block whose first group is
+ * entry k, under scale 1, every scale field 0 and no signs, dequantizes to entry k's
+ * values times the type's smallest step (IQ1: plus the 1/8 shift); every entry of every
+ * codebook, read back in order, hashes (FNV-1a 64 of the entries' bytes, little-endian, as
+ * ggml's tables hold them) to the hash of ggml's table, computed from ggml-common.h.
+ */
+static void iq_codebooks_are_ggml_tables(void)
+{
+    static const struct {
+        uint32_t t;
+        int entries, dim;
+        float step;
+        uint64_t fnv;
+    } books[] = {
+        {QTYPE_IQ2_XXS, 256, 8, 0.125f, 0xbb4ee025b5ac6e8eull},
+        {QTYPE_IQ2_XS, 512, 8, 0.125f, 0xc9b1ee61e79909bdull},
+        {QTYPE_IQ2_S, 1024, 8, 0.125f, 0x123edd38a3b62b90ull},
+        {QTYPE_IQ3_XXS, 256, 4, 0.25f, 0xdfa5dc83d6a155d5ull},
+        {QTYPE_IQ3_S, 512, 4, 1.0f, 0xfa37020c25b44829ull},
+        {QTYPE_IQ1_S, 2048, 8, 1.0f, 0x6703ed863501ae2eull},
+        {QTYPE_IQ1_M, 2048, 8, 1.0f, 0x6703ed863501ae2eull},
+    };
+    for (size_t c = 0; c < sizeof books / sizeof books[0]; c++) {
+        uint32_t t = books[c].t;
+        size_t bytes = quant_traits_of(t)->block_bytes;
+        uint64_t h = 0xcbf29ce484222325ull;
+        bool exact = true;
+        for (int k = 0; k < books[c].entries; k++) {
+            uint8_t b[128] = {0};
+            float y[256];
+            switch (t) {
+            case QTYPE_IQ2_XXS:
+            case QTYPE_IQ3_XXS:
+                b[2] = (uint8_t)k;
+                break;
+            case QTYPE_IQ2_XS:
+                put16(b + 2, (uint16_t)k);
+                break;
+            case QTYPE_IQ2_S:
+            case QTYPE_IQ3_S: /* qh after the 32 + 32 or 64 bytes of qs and signs */
+                b[2] = (uint8_t)k;
+                b[66] = (uint8_t)(k >> 8);
+                break;
+            case QTYPE_IQ1_S:
+                b[2] = (uint8_t)k;
+                b[34] = (uint8_t)(k >> 8);
+                break;
+            default: /* IQ1_M */
+                b[0] = (uint8_t)k;
+                b[32] = (uint8_t)(k >> 8);
+                break;
+            }
+            if (t == QTYPE_IQ1_M)
+                put_iq1_m_d(b, 0x3c00);
+            else
+                put16(b, 0x3c00);
+            quant_dequantize_row(t, b, y, 256);
+            for (int j = 0; j < books[c].dim; j++) {
+                float v = y[j] / books[c].step - (t == QTYPE_IQ1_S || t == QTYPE_IQ1_M ? 0.125f : 0);
+                exact = exact && v == rintf(v);
+                h = (h ^ (uint8_t)(int)rintf(v)) * 0x100000001b3ull;
+            }
+            (void)bytes;
+        }
+        CHECK_MSG(exact, "%s: an entry is not whole steps", quant_traits_of(t)->name);
+        CHECK_MSG(h == books[c].fnv, "%s: codebook hash %#llx", quant_traits_of(t)->name,
+                  (unsigned long long)h);
+    }
+}
+
+/* The i-quants' sign bits and scale fields, read from hand-made IQ2_XXS and IQ3_S blocks:
+ * a 7-bit pattern's eighth sign is its parity, a scale field s is (2 s + 1) steps. */
+static void iq_signs_and_scales(void)
+{
+    uint8_t b[110] = {0};
+    float y[256];
+    put16(b, 0x3c00);
+    b[2] = 1; /* group 0: entry 1, (43 8 8 8 8 8 8 8) */
+    uint32_t aux = 1u | 7u << 28; /* group 0: the first sign, so the eighth too; scale 7 */
+    memcpy(b + 6, &aux, 4);
+    quant_dequantize_row(QTYPE_IQ2_XXS, b, y, 256);
+    CHECK(y[0] == -43 * 7.5f * 0.25f && y[1] == 8 * 7.5f * 0.25f && y[7] == -8 * 7.5f * 0.25f);
+    CHECK(y[8] == 8 * 7.5f * 0.25f); /* group 1: entry 0, no signs */
+    memset(b, 0, sizeof b);
+    put16(b, 0x3c00);
+    b[2] = 1;             /* group 0's first half: entry 1 of IQ3_S, (3 1 1 1) */
+    b[74] = 0x81;         /* its signs: values 0 and 7 negative, no parity */
+    b[106] = 0x3 | 0x50;  /* scales: sub-block 0 is 3, sub-block 1 is 5 */
+    quant_dequantize_row(QTYPE_IQ3_S, b, y, 256);
+    CHECK(y[0] == -3 * 7.0f && y[1] == 7.0f && y[7] == -7.0f && y[32] == 11.0f);
+}
+
+/* The i-quants' degenerate rows: zeros stay zeros (no NaN from a zero scale), a
+ * constant row comes back within 2%, and a single spike stays the row's largest value
+ * with its sign and at least 40% of its size (IQ2/IQ3 codebooks have no zero, so the
+ * zeros beside it cost as much as it does: IQ2_XXS keeps 2.41 of 5, IQ3_S 4.40). */
+static void iq_quantize_degenerate_blocks(void)
+{
+    static const uint32_t types[] = {QTYPE_IQ2_XXS, QTYPE_IQ2_XS, QTYPE_IQ2_S, QTYPE_IQ3_XXS,
+                                     QTYPE_IQ3_S,   QTYPE_IQ1_S,  QTYPE_IQ1_M};
+    float x[256], y[256];
+    uint8_t q[128];
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        uint32_t t = types[k];
+        const char *name = quant_traits_of(t)->name;
+        memset(x, 0, sizeof x);
+        quant_quantize_row(t, x, q, 256);
+        quant_dequantize_row(t, q, y, 256);
+        for (int i = 0; i < 256; i++)
+            CHECK_MSG(y[i] == 0.0f, "%s zero row: y[%d] = %g", name, i, (double)y[i]);
+        for (int i = 0; i < 256; i++)
+            x[i] = -0.75f;
+        quant_quantize_row(t, x, q, 256);
+        quant_dequantize_row(t, q, y, 256);
+        for (int i = 0; i < 256; i++)
+            CHECK_MSG(fabsf(y[i] + 0.75f) <= 0.015f, "%s constant row: y[%d] = %g", name, i,
+                      (double)y[i]);
+        memset(x, 0, sizeof x);
+        x[100] = -5.0f;
+        quant_quantize_row(t, x, q, 256);
+        quant_dequantize_row(t, q, y, 256);
+        for (int i = 0; i < 256; i++)
+            CHECK_MSG(i == 100 || fabsf(y[i]) < fabsf(y[100]), "%s spike: y[%d] = %g, spike %g",
+                      name, i, (double)y[i], (double)y[100]);
+        CHECK_MSG(y[100] < -2.0f, "%s spike: %g", name, (double)y[100]);
+    }
 }
 
 /* Zero rows stay zero (no NaN from a zero scale); a block of one repeated negative value
@@ -703,7 +843,8 @@ static void bf16_rounded_reference(const dot_case *c, float *ref)
 static void dot_matches_dequantized_rows(void)
 {
     static const double quant_tol[] = {1e-6, 1e-3, 5e-3, 0.015, 0.13, 0.13, 0.07, 0.07,
-                                       0.45, 0.25, 0.12, 0.06, 0.03, 0.13, 0.13, 0.2};
+                                       0.45, 0.25, 0.12, 0.06, 0.03, 0.13, 0.13, 0.2,
+                                       0.5,  0.45, 0.4,  0.3,  0.25, 0.6,  0.6};
     for (size_t k = 0; k < N_DOT_TYPES; k++) {
         uint32_t t = dot_types[k];
         const char *name = quant_traits_of(t)->name;
@@ -776,10 +917,11 @@ static void simd_dot_matches_scalar_on_random_blocks(void)
 {
     if (!have_avx2())
         SKIP("AVX2 kernels not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
-    static const uint32_t types[] = {QTYPE_Q8_0, QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0,
-                                     QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K,
-                                     QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS,
-                                     QTYPE_MXFP4};
+    static const uint32_t types[] = {
+        QTYPE_Q8_0,   QTYPE_Q4_0,   QTYPE_Q4_1,    QTYPE_Q5_0,  QTYPE_Q5_1,    QTYPE_Q2_K,
+        QTYPE_Q3_K,   QTYPE_Q4_K,   QTYPE_Q5_K,    QTYPE_Q6_K,  QTYPE_IQ4_NL,  QTYPE_IQ4_XS,
+        QTYPE_MXFP4,  QTYPE_IQ2_XXS, QTYPE_IQ2_XS, QTYPE_IQ2_S, QTYPE_IQ3_XXS, QTYPE_IQ3_S,
+        QTYPE_IQ1_S,  QTYPE_IQ1_M};
     enum { N = 1024 };
     uint8_t *w = malloc(N * 2), *act = malloc(N * 2);
     float *x = malloc(N * sizeof *x), *wf = malloc(N * sizeof *wf), *af = malloc(N * sizeof *af);
@@ -799,6 +941,8 @@ static void simd_dot_matches_scalar_on_random_blocks(void)
                     put16(w + b + 82, 0x2400);
                 } else if (t == QTYPE_MXFP4) {
                     w[b] = 121; /* 2^-6 */
+                } else if (t == QTYPE_IQ1_M) {
+                    put_iq1_m_d(w + b, 0x2400);
                 } else {
                     put16(w + b, 0x2400);
                     if (t == QTYPE_Q4_K || t == QTYPE_Q5_K || t == QTYPE_Q4_1 || t == QTYPE_Q5_1)
@@ -1151,7 +1295,8 @@ static void simd_dequantize_matches_scalar(void)
                                      QTYPE_Q4_0, QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1,
                                      QTYPE_Q2_K, QTYPE_Q3_K, QTYPE_Q4_K, QTYPE_Q5_K,
                                      QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_MXFP4,
-                                     QTYPE_Q8_K};
+                                     QTYPE_Q8_K, QTYPE_IQ2_XXS, QTYPE_IQ2_XS, QTYPE_IQ2_S,
+                                     QTYPE_IQ3_XXS, QTYPE_IQ3_S, QTYPE_IQ1_S, QTYPE_IQ1_M};
     enum { N = 4096 };
     float *x = malloc(N * sizeof *x), *y1 = malloc(N * sizeof *y1), *y2 = malloc(N * sizeof *y2);
     uint8_t *q = malloc(N * 4);
@@ -1285,6 +1430,9 @@ int main(void)
     RUN(mxfp4_layout);
     RUN(float_rows_layout);
     RUN(quantize_error_is_bounded);
+    RUN(iq_codebooks_are_ggml_tables);
+    RUN(iq_signs_and_scales);
+    RUN(iq_quantize_degenerate_blocks);
     RUN(quantize_degenerate_blocks);
     RUN(q8_k_activation_layout);
     RUN(activation_types);

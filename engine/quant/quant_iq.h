@@ -1,0 +1,59 @@
+/*
+ * quant_iq.h — the i-quants below 4 bits: IQ1_S, IQ1_M, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS
+ * and IQ3_S, the types of llama.cpp's IQ1_S ... IQ3_M files (and of the layers that its
+ * Q2_K and Q3_K_S mixes and many published low-bit files keep in them).
+ *
+ * A super-block of 256 elements is 32 groups of 8. A group's magnitudes are one entry of
+ * a codebook of lattice points (IQ2: 8 values each 8, 25 or 43; IQ3: two entries of 4
+ * values in 8 levels; IQ1: 8 values each -1, 0 or 1, no signs, shifted by +-1/8), its
+ * signs are bits beside it, and a scale field per 16 or 32 elements multiplies a
+ * super-block scale. Every kernel here first unpacks a super-block into an iq_block (the
+ * signed grid values as bytes and the scale fields), so the formats' bit layouts live in
+ * one place (quant_iq.c) and the SIMD kernels need only multiply bytes.
+ *
+ * Results follow llama.cpp's definitions: dequantized values are its to_float's
+ * arithmetic, and dot products with Q8_K activations its integer sums per super-block,
+ * scaled as it scales them. Internal to the quant module.
+ */
+#ifndef LLMS_QUANT_IQ_H
+#define LLMS_QUANT_IQ_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/quant/quant_blocks.h"
+
+/* One super-block unpacked. */
+typedef struct iq_block {
+    int8_t q[256];     /* (256) each element's grid value with its sign (IQ1: -1, 0, 1) */
+    uint8_t scale[16]; /* (16) the scale field s of each 16 elements; the step is 2 s + 1 */
+    int8_t delta[32];  /* (32) IQ1_S / IQ1_M: each group's shift in eighths, +1 or -1 */
+    float d;           /* the super-block scale */
+} iq_block;
+
+/* True for the seven types of this file. */
+bool quant_iq_type(uint32_t t);
+
+/* Unpacks super-block `block` of type t. */
+void quant_iq_unpack(uint32_t t, const void *block, iq_block *b);
+
+/* nb super-blocks of type t into 256 nb floats. */
+void quant_iq_dequantize(uint32_t t, const void *src, float *dst, int64_t nb);
+
+/* What super-block b adds to its row's dot product with y, given sumi, the sum over its
+ * 16-element parts of (2 s + 1) times the part's sum of q * y->qs (an exact integer,
+ * however a kernel adds it up). The row's result is quant_iq_row_factor(t) times the sum
+ * of these over its super-blocks, in order. */
+float quant_iq_block_sum(uint32_t t, const iq_block *b, int32_t sumi, const qblock_q8_k *y);
+float quant_iq_row_factor(uint32_t t);
+
+/* The scalar dot product of nb super-blocks of type t with Q8_K activations. */
+float quant_iq_dot(uint32_t t, const void *x, const qblock_q8_k *y, int64_t nb);
+
+/* nb super-blocks of 256 floats into type t: for each group the codebook entry nearest
+ * its values (among a few candidates around their nearest lattice point), the scales by
+ * least squares. A plain reference quantizer without an importance matrix, so the bytes
+ * differ from llama-quantize's and the error is larger; any reader decodes them alike. */
+void quant_iq_quantize(uint32_t t, const float *src, void *dst, int64_t nb);
+
+#endif
