@@ -138,7 +138,9 @@ int main(void)
     static const uint32_t types[] = {QTYPE_F32,  QTYPE_F16,    QTYPE_BF16,  QTYPE_Q8_0,
                                      QTYPE_Q4_0, QTYPE_Q4_1,   QTYPE_Q5_0,  QTYPE_Q5_1,
                                      QTYPE_Q2_K, QTYPE_Q3_K,   QTYPE_Q4_K,  QTYPE_Q5_K,
-                                     QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_MXFP4};
+                                     QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS, QTYPE_MXFP4,
+                                     QTYPE_IQ3_S, QTYPE_IQ3_XXS, QTYPE_IQ2_S, QTYPE_IQ2_XS,
+                                     QTYPE_IQ2_XXS, QTYPE_IQ1_M, QTYPE_IQ1_S};
     /* the name of the kernels quant_dot_rows runs (quant_simd_name says only AVX2 or not) */
     const char *simd = quant_avx512_enabled() ? "avx512" : quant_simd_name();
     float *x = malloc(COLS * sizeof *x), *out = malloc(MATRIX_BYTES / 64 * sizeof *out);

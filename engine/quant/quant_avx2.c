@@ -436,29 +436,186 @@ static float dot_iq4_xs(const qblock_iq4_xs *x, const qblock_q8_k *y, int64_t nb
     return hsum(acc);
 }
 
-/* The i-quants below 4 bits: a super-block unpacked into signed bytes (quant_iq.c), their
- * products' pair sums scaled by each 16 values' 2 s + 1 in madd (|q| <= 62, so no
- * saturation): the scalar kernel's integer per super-block, added up in its order, so the
- * result is its bits. */
-static float dot_iq(uint32_t t, const uint8_t *x, const qblock_q8_k *y, int64_t nb)
+/*
+ * The i-quants below 4 bits (quant_iq.h). A sub-block of 32 is built in a register from
+ * its four groups' codebook entries (one table load each) and, but for IQ1, their sign
+ * masks, which move onto the activation (_mm256_sign_epi8 by a +-1 multiplier), so that
+ * maddubs multiplies the unsigned magnitudes (at most 62: no saturation). Each 16 values'
+ * pair sums are scaled by their 2 s + 1 in madd: the scalar kernel's integers, summed per
+ * super-block and added up in its order, so the result is its bits. IQ1's shift adds each
+ * 16 values' (2 s + 1) times the +-1-weighted sum of their activations.
+ */
+typedef struct {
+    __m256i q;     /* magnitudes (IQ1: the signed entries) */
+    __m256i signs; /* +-1 per value (IQ1: per group, the shift's sign) */
+    int ls[2];     /* 2 s + 1 of each 16 values */
+} iq_sub_block;
+
+INLINE __m256i iq_entries(uint64_t e0, uint64_t e1, uint64_t e2, uint64_t e3)
 {
-    size_t bytes = quant_traits_of(t)->block_bytes;
-    iq_block b;
+    return _mm256_set_epi64x((long long)e3, (long long)e2, (long long)e1, (long long)e0);
+}
+
+/* Sign masks (0xff or 0 per byte) as +-1 multipliers. */
+INLINE __m256i iq_signs(uint64_t m0, uint64_t m1, uint64_t m2, uint64_t m3)
+{
+    return _mm256_or_si256(iq_entries(m0, m1, m2, m3), _mm256_set1_epi8(1));
+}
+
+INLINE uint32_t iq_u32(const uint8_t *p)
+{
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+INLINE uint64_t iq_pair(uint32_t lo, uint32_t hi)
+{
+    return lo | (uint64_t)hi << 32;
+}
+
+/* Sub-block k of the super-block at x, of type t (a constant once inlined). */
+INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_tables *g)
+{
+    iq_sub_block r;
+    switch (t) {
+    case QTYPE_IQ2_XXS: {
+        const qblock_iq2_xxs *b = (const void *)x;
+        uint32_t e = iq_u32(b->qs + 8 * k), aux = iq_u32(b->qs + 8 * k + 4);
+        r.q = iq_entries(g->iq2xxs[e & 255], g->iq2xxs[(e >> 8) & 255],
+                         g->iq2xxs[(e >> 16) & 255], g->iq2xxs[e >> 24]);
+        r.signs = iq_signs(g->even_signs[aux & 127], g->even_signs[(aux >> 7) & 127],
+                           g->even_signs[(aux >> 14) & 127], g->even_signs[(aux >> 21) & 127]);
+        r.ls[0] = r.ls[1] = 2 * (int)(aux >> 28) + 1;
+        break;
+    }
+    case QTYPE_IQ2_XS: {
+        const qblock_iq2_xs *b = (const void *)x;
+        uint64_t w;
+        memcpy(&w, b->qs + 8 * k, 8);
+        uint32_t w0 = w & 0xffff, w1 = (w >> 16) & 0xffff, w2 = (w >> 32) & 0xffff, w3 = w >> 48;
+        r.q = iq_entries(g->iq2xs[w0 & 511], g->iq2xs[w1 & 511], g->iq2xs[w2 & 511],
+                         g->iq2xs[w3 & 511]);
+        r.signs = iq_signs(g->even_signs[w0 >> 9], g->even_signs[w1 >> 9],
+                           g->even_signs[w2 >> 9], g->even_signs[w3 >> 9]);
+        r.ls[0] = 2 * (b->scales[k] & 0xf) + 1;
+        r.ls[1] = 2 * (b->scales[k] >> 4) + 1;
+        break;
+    }
+    case QTYPE_IQ2_S: {
+        const qblock_iq2_s *b = (const void *)x;
+        const uint8_t *q = b->qs + 4 * k, *sg = b->signs + 4 * k;
+        unsigned h = b->qh[k];
+        r.q = iq_entries(g->iq2s[q[0] | (h & 3) << 8], g->iq2s[q[1] | (h & 0xc) << 6],
+                         g->iq2s[q[2] | (h & 0x30) << 4], g->iq2s[q[3] | (h & 0xc0) << 2]);
+        r.signs = iq_signs(g->signs[sg[0]], g->signs[sg[1]], g->signs[sg[2]], g->signs[sg[3]]);
+        r.ls[0] = 2 * (b->scales[k] & 0xf) + 1;
+        r.ls[1] = 2 * (b->scales[k] >> 4) + 1;
+        break;
+    }
+    case QTYPE_IQ3_XXS: {
+        const qblock_iq3_xxs *b = (const void *)x;
+        const uint8_t *q = b->qs + 8 * k;
+        uint32_t aux = iq_u32(b->scales_signs + 4 * k);
+        r.q = iq_entries(iq_pair(g->iq3xxs[q[0]], g->iq3xxs[q[1]]),
+                         iq_pair(g->iq3xxs[q[2]], g->iq3xxs[q[3]]),
+                         iq_pair(g->iq3xxs[q[4]], g->iq3xxs[q[5]]),
+                         iq_pair(g->iq3xxs[q[6]], g->iq3xxs[q[7]]));
+        r.signs = iq_signs(g->even_signs[aux & 127], g->even_signs[(aux >> 7) & 127],
+                           g->even_signs[(aux >> 14) & 127], g->even_signs[(aux >> 21) & 127]);
+        r.ls[0] = r.ls[1] = 2 * (int)(aux >> 28) + 1;
+        break;
+    }
+    case QTYPE_IQ3_S: {
+        const qblock_iq3_s *b = (const void *)x;
+        const uint8_t *q = b->qs + 8 * k, *sg = b->signs + 4 * k;
+        unsigned h = b->qh[k];
+        uint64_t e[4];
+        for (int l = 0; l < 4; l++)
+            e[l] = iq_pair(g->iq3s[q[2 * l] | ((h >> (2 * l)) & 1) << 8],
+                           g->iq3s[q[2 * l + 1] | ((h >> (2 * l + 1)) & 1) << 8]);
+        r.q = iq_entries(e[0], e[1], e[2], e[3]);
+        r.signs = iq_signs(g->signs[sg[0]], g->signs[sg[1]], g->signs[sg[2]], g->signs[sg[3]]);
+        r.ls[0] = r.ls[1] = 2 * ((b->scales[k / 2] >> (4 * (k % 2))) & 0xf) + 1;
+        break;
+    }
+    case QTYPE_IQ1_S: {
+        const qblock_iq1_s *b = (const void *)x;
+        const uint8_t *q = b->qs + 4 * k;
+        unsigned h = (unsigned)b->qh[2 * k] | (unsigned)b->qh[2 * k + 1] << 8;
+        r.q = iq_entries(g->iq1s[q[0] | (h & 7) << 8], g->iq1s[q[1] | ((h >> 3) & 7) << 8],
+                         g->iq1s[q[2] | ((h >> 6) & 7) << 8], g->iq1s[q[3] | ((h >> 9) & 7) << 8]);
+        r.signs = _mm256_set1_epi8(h & 0x8000 ? -1 : 1);
+        r.ls[0] = r.ls[1] = 2 * (int)((h >> 12) & 7) + 1;
+        break;
+    }
+    default: { /* IQ1_M */
+        const qblock_iq1_m *b = (const void *)x;
+        const uint8_t *q = b->qs + 4 * k;
+        unsigned h = (unsigned)b->qh[2 * k] | (unsigned)b->qh[2 * k + 1] << 8;
+        unsigned w = ((unsigned)b->scales[2 * (k / 2)] | (unsigned)b->scales[2 * (k / 2) + 1] << 8) >>
+                     (6 * (k % 2));
+        r.q = iq_entries(g->iq1s[q[0] | (h & 7) << 8], g->iq1s[q[1] | ((h >> 4) & 7) << 8],
+                         g->iq1s[q[2] | ((h >> 8) & 7) << 8], g->iq1s[q[3] | ((h >> 12) & 7) << 8]);
+        uint64_t neg = 0xffffffffffffffffull, pos = 0x0101010101010101ull;
+        r.signs = iq_entries(h & 0x8 ? neg : pos, h & 0x80 ? neg : pos, h & 0x800 ? neg : pos,
+                             h & 0x8000 ? neg : pos);
+        r.ls[0] = 2 * (int)(w & 7) + 1;
+        r.ls[1] = 2 * (int)((w >> 3) & 7) + 1;
+        break;
+    }
+    }
+    return r;
+}
+
+INLINE float dot_iq_kind(uint32_t t, const uint8_t *x, const qblock_q8_k *y, int64_t nb)
+{
+    const quant_iq_tables *g = quant_iq_tables_get();
+    const size_t bytes = quant_traits_of(t)->block_bytes;
+    const bool iq1 = t == QTYPE_IQ1_S || t == QTYPE_IQ1_M;
+    const __m256i one = _mm256_set1_epi8(1);
     float sum = 0;
-    for (int64_t i = 0; i < nb; i++) {
-        quant_iq_unpack(t, x + (size_t)i * bytes, &b);
-        __m256i sumi = _mm256_setzero_si256();
+    for (int64_t i = 0; i < nb; i++, x += bytes) {
+        __m256i sumi = _mm256_setzero_si256(), shifted = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
-            __m256i q = load256(b.q + 32 * k), a = load256(y[i].qs + 32 * k);
-            __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(a, q));
-            __m256i sc = _mm256_setr_m128i(_mm_set1_epi16((short)(2 * b.scale[2 * k] + 1)),
-                                           _mm_set1_epi16((short)(2 * b.scale[2 * k + 1] + 1)));
+            iq_sub_block s = iq_load(t, x, k, g);
+            __m256i a = load256(y[i].qs + 32 * k);
+            __m256i sc = _mm256_setr_m128i(_mm_set1_epi16((short)s.ls[0]),
+                                           _mm_set1_epi16((short)s.ls[1]));
+            __m256i p = iq1 ? _mm256_maddubs_epi16(_mm256_sign_epi8(s.q, s.q),
+                                                   _mm256_sign_epi8(a, s.q))
+                            : _mm256_maddubs_epi16(s.q, _mm256_sign_epi8(a, s.signs));
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
+            if (iq1) {
+                __m256i pa = _mm256_maddubs_epi16(one, _mm256_sign_epi8(a, s.signs));
+                shifted = _mm256_add_epi32(shifted, _mm256_madd_epi16(pa, sc));
+            }
         }
-        sum += quant_iq_block_sum(t, &b, hsum_i32(sumi), &y[i]);
+        sum += quant_iq_block_sum(t, quant_iq_d(t, x), y[i].d, hsum_i32(sumi),
+                                  iq1 ? hsum_i32(shifted) : 0);
     }
     return quant_iq_row_factor(t) * sum;
+}
+
+static float dot_iq(uint32_t t, const uint8_t *x, const qblock_q8_k *y, int64_t nb)
+{
+    switch (t) {
+    case QTYPE_IQ2_XXS:
+        return dot_iq_kind(QTYPE_IQ2_XXS, x, y, nb);
+    case QTYPE_IQ2_XS:
+        return dot_iq_kind(QTYPE_IQ2_XS, x, y, nb);
+    case QTYPE_IQ2_S:
+        return dot_iq_kind(QTYPE_IQ2_S, x, y, nb);
+    case QTYPE_IQ3_XXS:
+        return dot_iq_kind(QTYPE_IQ3_XXS, x, y, nb);
+    case QTYPE_IQ3_S:
+        return dot_iq_kind(QTYPE_IQ3_S, x, y, nb);
+    case QTYPE_IQ1_S:
+        return dot_iq_kind(QTYPE_IQ1_S, x, y, nb);
+    default:
+        return dot_iq_kind(QTYPE_IQ1_M, x, y, nb);
+    }
 }
 
 /* Q3_K as Q6_K: the 3-bit values unpacked unsigned (q, stored as q - 4 + 4) 32 at a time in

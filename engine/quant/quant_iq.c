@@ -253,14 +253,7 @@ static const iq_codebook codebooks[CB_COUNT] = {
     [CB_IQ1S] = {iq1s_lattice, 8, 3, {-1, 0, 1}, 2048},
 };
 
-/* The codebooks expanded: entry k's values as bytes, value j in byte j (little-endian,
- * as every host this builds for), and the sign masks the unpacking applies to them. */
-static struct {
-    uint64_t iq2xxs[256], iq2xs[512], iq2s[1024], iq1s[2048];
-    uint32_t iq3xxs[256], iq3s[512];
-    uint64_t sign_bytes[256]; /* byte j is 0xff where bit j of the index is set */
-} grid;
-
+static quant_iq_tables grid;
 static pthread_once_t grid_once = PTHREAD_ONCE_INIT;
 
 static int lattice_points(const iq_codebook *cb)
@@ -306,8 +299,17 @@ static void grid_init(void)
         for (int j = 0; j < 8; j++)
             if ((s >> j) & 1)
                 m |= (uint64_t)0xff << (8 * j);
-        grid.sign_bytes[s] = m;
+        grid.signs[s] = m;
     }
+    /* a 7-bit pattern's eighth sign makes the count of negatives even */
+    for (int s = 0; s < 128; s++)
+        grid.even_signs[s] = grid.signs[s | (__builtin_parity((unsigned)s) << 7)];
+}
+
+const quant_iq_tables *quant_iq_tables_get(void)
+{
+    pthread_once(&grid_once, grid_init);
+    return &grid;
 }
 
 /* Entry k of codebook cb as 8 (or 4) signed bytes. */
@@ -361,17 +363,10 @@ static uint16_t load_u16(const uint8_t *p)
     return v;
 }
 
-/* A 7-bit sign pattern with its eighth bit, which makes the count of negatives even. */
-static unsigned even_signs(unsigned s7)
-{
-    return s7 | (unsigned)(__builtin_popcount(s7) & 1) << 7;
-}
-
 /* Stores 8 magnitudes (bytes of 1 .. 62, so no byte carries into the next) with the bytes
- * whose bit is set in signs negated, as group g of b. */
-static void put_group(iq_block *b, int g, uint64_t magnitudes, unsigned signs)
+ * that sign mask m (from grid.signs or grid.even_signs) marks negated, as group g of b. */
+static void put_group(iq_block *b, int g, uint64_t magnitudes, uint64_t m)
 {
-    uint64_t m = grid.sign_bytes[signs & 0xff];
     uint64_t v = (magnitudes ^ m) + (m & 0x0101010101010101ull);
     memcpy(b->q + 8 * g, &v, 8);
 }
@@ -390,7 +385,7 @@ static void unpack_iq2_xxs(const qblock_iq2_xxs *x, iq_block *b)
         b->scale[2 * k] = b->scale[2 * k + 1] = (uint8_t)(aux >> 28);
         for (int l = 0; l < 4; l++)
             put_group(b, 4 * k + l, grid.iq2xxs[(entries >> (8 * l)) & 0xff],
-                      even_signs((aux >> (7 * l)) & 127));
+                      grid.even_signs[(aux >> (7 * l)) & 127]);
     }
 }
 
@@ -399,7 +394,7 @@ static void unpack_iq2_xs(const qblock_iq2_xs *x, iq_block *b)
     b->d = qb_f16_to_f32(x->d);
     for (int g = 0; g < 32; g++) {
         unsigned w = load_u16(x->qs + 2 * g);
-        put_group(b, g, grid.iq2xs[w & 511], even_signs(w >> 9));
+        put_group(b, g, grid.iq2xs[w & 511], grid.even_signs[w >> 9]);
     }
     for (int k = 0; k < 8; k++) {
         b->scale[2 * k] = x->scales[k] & 0xf;
@@ -413,7 +408,7 @@ static void unpack_iq2_s(const qblock_iq2_s *x, iq_block *b)
     for (int g = 0; g < 32; g++) {
         int k = g / 4, l = g % 4;
         unsigned e = x->qs[g] | ((x->qh[k] >> (2 * l)) & 3u) << 8;
-        put_group(b, g, grid.iq2s[e], x->signs[g]);
+        put_group(b, g, grid.iq2s[e], grid.signs[x->signs[g]]);
     }
     for (int k = 0; k < 8; k++) {
         b->scale[2 * k] = x->scales[k] & 0xf;
@@ -430,7 +425,7 @@ static void unpack_iq3_xxs(const qblock_iq3_xxs *x, iq_block *b)
         for (int l = 0; l < 4; l++) {
             const uint8_t *e = x->qs + 8 * k + 2 * l;
             put_group(b, 4 * k + l, pair(grid.iq3xxs[e[0]], grid.iq3xxs[e[1]]),
-                      even_signs((aux >> (7 * l)) & 127));
+                      grid.even_signs[(aux >> (7 * l)) & 127]);
         }
     }
 }
@@ -442,7 +437,7 @@ static void unpack_iq3_s(const qblock_iq3_s *x, iq_block *b)
         int k = g / 4, l = g % 4;
         unsigned e0 = x->qs[2 * g] | ((x->qh[k] >> (2 * l)) & 1u) << 8;
         unsigned e1 = x->qs[2 * g + 1] | ((x->qh[k] >> (2 * l + 1)) & 1u) << 8;
-        put_group(b, g, pair(grid.iq3s[e0], grid.iq3s[e1]), x->signs[g]);
+        put_group(b, g, pair(grid.iq3s[e0], grid.iq3s[e1]), grid.signs[x->signs[g]]);
     }
     for (int k = 0; k < 8; k++)
         b->scale[2 * k] = b->scale[2 * k + 1] = (x->scales[k / 2] >> (4 * (k % 2))) & 0xf;
@@ -462,18 +457,9 @@ static void unpack_iq1_s(const qblock_iq1_s *x, iq_block *b)
     }
 }
 
-/* IQ1_M's f16 super-block scale, a nibble in the top of each of its 4 scale words. */
-static uint16_t iq1_m_d(const uint8_t scales[8])
-{
-    uint16_t d = 0;
-    for (int i = 0; i < 4; i++)
-        d |= (uint16_t)((load_u16(scales + 2 * i) >> 12) << (4 * i));
-    return d;
-}
-
 static void unpack_iq1_m(const qblock_iq1_m *x, iq_block *b)
 {
-    b->d = qb_f16_to_f32(iq1_m_d(x->scales));
+    b->d = quant_iq_d(QTYPE_IQ1_M, x);
     for (int k = 0; k < 8; k++) {
         unsigned w = load_u16(x->scales + 2 * (k / 2)) >> (6 * (k % 2));
         b->scale[2 * k] = w & 7;
@@ -490,6 +476,7 @@ static void unpack_iq1_m(const qblock_iq1_m *x, iq_block *b)
 void quant_iq_unpack(uint32_t t, const void *block, iq_block *b)
 {
     pthread_once(&grid_once, grid_init);
+    memset(b->delta, 0, sizeof b->delta);
     switch (t) {
     case QTYPE_IQ2_XXS:
         unpack_iq2_xxs(block, b);
@@ -555,22 +542,6 @@ void quant_iq_dequantize(uint32_t t, const void *src, float *dst, int64_t nb)
     }
 }
 
-float quant_iq_block_sum(uint32_t t, const iq_block *b, int32_t sumi, const qblock_q8_k *y)
-{
-    float d = b->d * y->d;
-    if (!iq1(t))
-        return d * (float)sumi;
-    /* the shift: each group's +-1/8 times the sum of its activations */
-    int32_t shifted = 0;
-    for (int g = 0; g < 32; g++) {
-        int32_t a = 0;
-        for (int j = 8 * g; j < 8 * g + 8; j++)
-            a += y->qs[j];
-        shifted += (2 * b->scale[g / 2] + 1) * b->delta[g] * a;
-    }
-    return d * ((float)sumi + 0.125f * (float)shifted);
-}
-
 float quant_iq_row_factor(uint32_t t)
 {
     switch (t) {
@@ -592,14 +563,17 @@ float quant_iq_dot(uint32_t t, const void *x, const qblock_q8_k *y, int64_t nb)
     float sum = 0;
     for (int64_t i = 0; i < nb; i++) {
         quant_iq_unpack(t, (const uint8_t *)x + (size_t)i * bytes, &b);
-        int32_t sumi = 0;
+        int32_t sumi = 0, shifted = 0;
         for (int k = 0; k < 16; k++) {
-            int32_t s = 0;
-            for (int j = 16 * k; j < 16 * k + 16; j++)
+            int32_t s = 0, a = 0;
+            for (int j = 16 * k; j < 16 * k + 16; j++) {
                 s += b.q[j] * y[i].qs[j];
+                a += b.delta[j / 8] * y[i].qs[j];
+            }
             sumi += (2 * b.scale[k] + 1) * s;
+            shifted += (2 * b.scale[k] + 1) * a;
         }
-        sum += quant_iq_block_sum(t, &b, sumi, &y[i]);
+        sum += quant_iq_block_sum(t, b.d, y[i].d, sumi, shifted);
     }
     return quant_iq_row_factor(t) * sum;
 }

@@ -27,9 +27,35 @@
 typedef struct iq_block {
     int8_t q[256];     /* (256) each element's grid value with its sign (IQ1: -1, 0, 1) */
     uint8_t scale[16]; /* (16) the scale field s of each 16 elements; the step is 2 s + 1 */
-    int8_t delta[32];  /* (32) IQ1_S / IQ1_M: each group's shift in eighths, +1 or -1 */
+    int8_t delta[32];  /* (32) IQ1_S / IQ1_M: each group's shift in eighths, +1 or -1;
+                        * 0 for the other types */
     float d;           /* the super-block scale */
 } iq_block;
+
+/* The codebooks as the kernels read them: entry k's values as bytes, value j in byte j
+ * (little-endian, as every host this builds for), and sign masks for them. */
+typedef struct quant_iq_tables {
+    uint64_t iq2xxs[256], iq2xs[512], iq2s[1024], iq1s[2048];
+    uint32_t iq3xxs[256], iq3s[512];
+    uint64_t signs[256];      /* byte j is 0xff where bit j of the index is set, else 0 */
+    uint64_t even_signs[128]; /* the same for a 7-bit pattern and its eighth sign, which
+                               * makes the count of negatives even */
+} quant_iq_tables;
+
+const quant_iq_tables *quant_iq_tables_get(void);
+
+/* The super-block scale of `block`, a super-block of type t: an f16 first, but for
+ * IQ1_M, which keeps it in the top nibbles of its 4 little-endian scale words. */
+static inline float quant_iq_d(uint32_t t, const void *block)
+{
+    const uint8_t *b = block;
+    if (t == QTYPE_IQ1_M) {
+        const uint8_t *sc = ((const qblock_iq1_m *)block)->scales;
+        return qb_f16_to_f32((uint16_t)(sc[1] >> 4 | (sc[3] & 0xf0) | (sc[5] & 0xf0) << 4 |
+                                        (sc[7] & 0xf0) << 8));
+    }
+    return qb_f16_to_f32((uint16_t)(b[0] | b[1] << 8));
+}
 
 /* True for the seven types of this file. */
 bool quant_iq_type(uint32_t t);
@@ -40,11 +66,26 @@ void quant_iq_unpack(uint32_t t, const void *block, iq_block *b);
 /* nb super-blocks of type t into 256 nb floats. */
 void quant_iq_dequantize(uint32_t t, const void *src, float *dst, int64_t nb);
 
-/* What super-block b adds to its row's dot product with y, given sumi, the sum over its
- * 16-element parts of (2 s + 1) times the part's sum of q * y->qs (an exact integer,
- * however a kernel adds it up). The row's result is quant_iq_row_factor(t) times the sum
- * of these over its super-blocks, in order. */
-float quant_iq_block_sum(uint32_t t, const iq_block *b, int32_t sumi, const qblock_q8_k *y);
+/* What a super-block of scale dx adds to its row's dot product with Q8_K activations of
+ * scale dy, from two exact integers (however a kernel adds them up): sumi, the sum over
+ * its 16-value parts of (2 s + 1) times the part's sum of q * a, and for IQ1 shifted, the
+ * same with each q replaced by its group's shift sign. The row's result is
+ * quant_iq_row_factor(t) times the sum of these over its super-blocks, in order. The
+ * empty asm keeps the product rounded before it is added (GCC fuses a multiply and an
+ * add across statements where FMA is enabled, as in the x86 ISA files), so every kernel
+ * rounds alike. */
+static inline float quant_iq_block_sum(uint32_t t, float dx, float dy, int32_t sumi,
+                                       int32_t shifted)
+{
+    float d = dx * dy;
+    /* 0.125 * shifted is exact, so a fused add rounds as the unfused one */
+    float term = t == QTYPE_IQ1_S || t == QTYPE_IQ1_M ? d * ((float)sumi + 0.125f * (float)shifted)
+                                                      : d * (float)sumi;
+#if defined(__x86_64__)
+    __asm__("" : "+x"(term));
+#endif
+    return term;
+}
 float quant_iq_row_factor(uint32_t t);
 
 /* The scalar dot product of nb super-blocks of type t with Q8_K activations. */

@@ -629,6 +629,40 @@ static void iq_signs_and_scales(void)
     CHECK(y[0] == -3 * 7.0f && y[1] == 7.0f && y[7] == -7.0f && y[32] == 11.0f);
 }
 
+/* The i-quants' SIMD dot products are the scalar kernel's bits (the same integers per
+ * super-block, combined by one function), on blocks of random bytes (every entry, sign
+ * and scale field) and full-scale activations. */
+static void iq_simd_dot_is_scalar_bits(void)
+{
+    if (!have_avx2())
+        SKIP("AVX2 kernels not in use (CPU lacks AVX2/FMA/F16C or LLMS_NO_SIMD is set)");
+    static const uint32_t types[] = {QTYPE_IQ2_XXS, QTYPE_IQ2_XS, QTYPE_IQ2_S, QTYPE_IQ3_XXS,
+                                     QTYPE_IQ3_S,   QTYPE_IQ1_S,  QTYPE_IQ1_M};
+    enum { N = 2048 };
+    uint8_t w[N / 256 * 110], act[N / 256 * 292];
+    float x[N];
+    for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
+        uint32_t t = types[k];
+        size_t bb = quant_traits_of(t)->block_bytes;
+        for (int trial = 0; trial < 20; trial++) {
+            for (size_t i = 0; i < sizeof w; i++)
+                w[i] = (uint8_t)rng_u32();
+            for (int b = 0; b < N / 256; b++) {
+                if (t == QTYPE_IQ1_M)
+                    put_iq1_m_d(w + b * bb, 0x2400);
+                else
+                    put16(w + b * bb, 0x2400);
+            }
+            for (int i = 0; i < N; i++)
+                x[i] = trial & 1 ? (i % 3 ? 1.0f : -1.0f) : rng_gauss();
+            quant_prepare_activation(QTYPE_Q8_K, x, act, N);
+            float got = quant_dot(t, w, act, N), ref = quant_dot_scalar(t, w, act, N);
+            CHECK_MSG(memcmp(&got, &ref, sizeof got) == 0, "%s trial %d: simd %g scalar %g",
+                      quant_traits_of(t)->name, trial, (double)got, (double)ref);
+        }
+    }
+}
+
 /* The i-quants' degenerate rows: zeros stay zeros (no NaN from a zero scale), a
  * constant row comes back within 2%, and a single spike stays the row's largest value
  * with its sign and at least 40% of its size (IQ2/IQ3 codebooks have no zero, so the
@@ -1432,6 +1466,7 @@ int main(void)
     RUN(quantize_error_is_bounded);
     RUN(iq_codebooks_are_ggml_tables);
     RUN(iq_signs_and_scales);
+    RUN(iq_simd_dot_is_scalar_bits);
     RUN(iq_quantize_degenerate_blocks);
     RUN(quantize_degenerate_blocks);
     RUN(q8_k_activation_layout);
