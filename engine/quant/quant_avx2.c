@@ -312,7 +312,7 @@ static float dot_q6_k(const qblock_q6_k *x, const qblock_q8_k *y, int64_t nb)
         __m256i bs = load256((const uint8_t *)&y[i] + offsetof(qblock_q8_k, bsums));
         __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
         sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
-#pragma GCC unroll 2
+#pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[i].ql + 64 * h;
             const int8_t *a = y[i].qs + 128 * h;
@@ -438,28 +438,25 @@ static float dot_iq4_xs(const qblock_iq4_xs *x, const qblock_q8_k *y, int64_t nb
 
 /*
  * The i-quants below 4 bits (quant_iq.h). A sub-block of 32 is built in a register from
- * its four groups' codebook entries (one table load each) and, but for IQ1, their sign
- * masks, which move onto the activation (_mm256_sign_epi8 by a +-1 multiplier), so that
+ * its four groups' codebook entries (one table load each) and, but for IQ1, their signs
+ * (+-1 bytes from a table), which move onto the activation (_mm256_sign_epi8), so that
  * maddubs multiplies the unsigned magnitudes (at most 62: no saturation). Each 16 values'
  * pair sums are scaled by their 2 s + 1 in madd: the scalar kernel's integers, summed per
- * super-block and added up in its order, so the result is its bits. IQ1's shift adds each
- * 16 values' (2 s + 1) times the +-1-weighted sum of their activations.
+ * super-block and added up in its order (quant_iq_block_sum), so the result is its bits.
+ * The scales are a broadcast where a sub-block has one, and otherwise one byte shuffle of
+ * the super-block's 16, made once. IQ1's shift adds each 16 values' (2 s + 1) times the
+ * sum of their activations, each with its group's shift sign: IQ1_S's one sign per
+ * sub-block takes it from the activation's sums of 16.
  */
 typedef struct {
     __m256i q;     /* magnitudes (IQ1: the signed entries) */
-    __m256i signs; /* +-1 per value (IQ1: per group, the shift's sign) */
-    int ls[2];     /* 2 s + 1 of each 16 values */
+    __m256i signs; /* +-1 per value (IQ1_M: its group's shift sign; IQ1_S: unused) */
+    int ls;        /* 2 s + 1, where the sub-block has one scale */
 } iq_sub_block;
 
 INLINE __m256i iq_entries(uint64_t e0, uint64_t e1, uint64_t e2, uint64_t e3)
 {
     return _mm256_set_epi64x((long long)e3, (long long)e2, (long long)e1, (long long)e0);
-}
-
-/* Sign masks (0xff or 0 per byte) as +-1 multipliers. */
-INLINE __m256i iq_signs(uint64_t m0, uint64_t m1, uint64_t m2, uint64_t m3)
-{
-    return _mm256_or_si256(iq_entries(m0, m1, m2, m3), _mm256_set1_epi8(1));
 }
 
 INLINE uint32_t iq_u32(const uint8_t *p)
@@ -474,19 +471,52 @@ INLINE uint64_t iq_pair(uint32_t lo, uint32_t hi)
     return lo | (uint64_t)hi << 32;
 }
 
+/* Types whose scale fields cover 16 values. */
+INLINE bool iq_scales_of_16(uint32_t t)
+{
+    return t == QTYPE_IQ2_XS || t == QTYPE_IQ2_S || t == QTYPE_IQ1_M;
+}
+
+/* The 16 values of 2 s + 1 of the super-block at x, as bytes in both lanes. */
+INLINE __m256i iq_scales16(uint32_t t, const uint8_t *x)
+{
+    __m128i s;
+    if (t == QTYPE_IQ1_M) {
+        uint64_t w, lo = 0, hi = 0;
+        memcpy(&w, ((const qblock_iq1_m *)(const void *)x)->scales, 8);
+        for (int k = 0; k < 8; k++) { /* sub-block k: word k / 2, bits 6 (k % 2) */
+            uint64_t f = w >> (16 * (k / 2) + 6 * (k % 2));
+            uint64_t pair = (2 * (f & 7) + 1) | (2 * ((f >> 3) & 7) + 1) << 8;
+            if (k < 4)
+                lo |= pair << (16 * k);
+            else
+                hi |= pair << (16 * (k - 4));
+        }
+        s = _mm_set_epi64x((long long)hi, (long long)lo);
+    } else {
+        const uint8_t *sc = t == QTYPE_IQ2_XS ? ((const qblock_iq2_xs *)(const void *)x)->scales
+                                              : ((const qblock_iq2_s *)(const void *)x)->scales;
+        __m128i v = _mm_loadl_epi64((const __m128i *)(const void *)sc), m = _mm_set1_epi8(0xf);
+        s = _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+        s = _mm_add_epi8(_mm_add_epi8(s, s), _mm_set1_epi8(1));
+    }
+    return _mm256_broadcastsi128_si256(s);
+}
+
 /* Sub-block k of the super-block at x, of type t (a constant once inlined). */
 INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_tables *g)
 {
     iq_sub_block r;
+    r.ls = 0;
     switch (t) {
     case QTYPE_IQ2_XXS: {
         const qblock_iq2_xxs *b = (const void *)x;
         uint32_t e = iq_u32(b->qs + 8 * k), aux = iq_u32(b->qs + 8 * k + 4);
         r.q = iq_entries(g->iq2xxs[e & 255], g->iq2xxs[(e >> 8) & 255],
                          g->iq2xxs[(e >> 16) & 255], g->iq2xxs[e >> 24]);
-        r.signs = iq_signs(g->even_signs[aux & 127], g->even_signs[(aux >> 7) & 127],
-                           g->even_signs[(aux >> 14) & 127], g->even_signs[(aux >> 21) & 127]);
-        r.ls[0] = r.ls[1] = 2 * (int)(aux >> 28) + 1;
+        r.signs = iq_entries(g->even_signs[aux & 127], g->even_signs[(aux >> 7) & 127],
+                             g->even_signs[(aux >> 14) & 127], g->even_signs[(aux >> 21) & 127]);
+        r.ls = 2 * (int)(aux >> 28) + 1;
         break;
     }
     case QTYPE_IQ2_XS: {
@@ -496,10 +526,8 @@ INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_
         uint32_t w0 = w & 0xffff, w1 = (w >> 16) & 0xffff, w2 = (w >> 32) & 0xffff, w3 = w >> 48;
         r.q = iq_entries(g->iq2xs[w0 & 511], g->iq2xs[w1 & 511], g->iq2xs[w2 & 511],
                          g->iq2xs[w3 & 511]);
-        r.signs = iq_signs(g->even_signs[w0 >> 9], g->even_signs[w1 >> 9],
-                           g->even_signs[w2 >> 9], g->even_signs[w3 >> 9]);
-        r.ls[0] = 2 * (b->scales[k] & 0xf) + 1;
-        r.ls[1] = 2 * (b->scales[k] >> 4) + 1;
+        r.signs = iq_entries(g->even_signs[w0 >> 9], g->even_signs[w1 >> 9],
+                             g->even_signs[w2 >> 9], g->even_signs[w3 >> 9]);
         break;
     }
     case QTYPE_IQ2_S: {
@@ -508,9 +536,7 @@ INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_
         unsigned h = b->qh[k];
         r.q = iq_entries(g->iq2s[q[0] | (h & 3) << 8], g->iq2s[q[1] | (h & 0xc) << 6],
                          g->iq2s[q[2] | (h & 0x30) << 4], g->iq2s[q[3] | (h & 0xc0) << 2]);
-        r.signs = iq_signs(g->signs[sg[0]], g->signs[sg[1]], g->signs[sg[2]], g->signs[sg[3]]);
-        r.ls[0] = 2 * (b->scales[k] & 0xf) + 1;
-        r.ls[1] = 2 * (b->scales[k] >> 4) + 1;
+        r.signs = iq_entries(g->signs[sg[0]], g->signs[sg[1]], g->signs[sg[2]], g->signs[sg[3]]);
         break;
     }
     case QTYPE_IQ3_XXS: {
@@ -521,22 +547,21 @@ INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_
                          iq_pair(g->iq3xxs[q[2]], g->iq3xxs[q[3]]),
                          iq_pair(g->iq3xxs[q[4]], g->iq3xxs[q[5]]),
                          iq_pair(g->iq3xxs[q[6]], g->iq3xxs[q[7]]));
-        r.signs = iq_signs(g->even_signs[aux & 127], g->even_signs[(aux >> 7) & 127],
-                           g->even_signs[(aux >> 14) & 127], g->even_signs[(aux >> 21) & 127]);
-        r.ls[0] = r.ls[1] = 2 * (int)(aux >> 28) + 1;
+        r.signs = iq_entries(g->even_signs[aux & 127], g->even_signs[(aux >> 7) & 127],
+                             g->even_signs[(aux >> 14) & 127], g->even_signs[(aux >> 21) & 127]);
+        r.ls = 2 * (int)(aux >> 28) + 1;
         break;
     }
     case QTYPE_IQ3_S: {
         const qblock_iq3_s *b = (const void *)x;
         const uint8_t *q = b->qs + 8 * k, *sg = b->signs + 4 * k;
-        unsigned h = b->qh[k];
-        uint64_t e[4];
-        for (int l = 0; l < 4; l++)
-            e[l] = iq_pair(g->iq3s[q[2 * l] | ((h >> (2 * l)) & 1) << 8],
-                           g->iq3s[q[2 * l + 1] | ((h >> (2 * l + 1)) & 1) << 8]);
-        r.q = iq_entries(e[0], e[1], e[2], e[3]);
-        r.signs = iq_signs(g->signs[sg[0]], g->signs[sg[1]], g->signs[sg[2]], g->signs[sg[3]]);
-        r.ls[0] = r.ls[1] = 2 * ((b->scales[k / 2] >> (4 * (k % 2))) & 0xf) + 1;
+        unsigned h = b->qh[k]; /* entry 2 l + m's ninth bit at bit 2 l + m */
+        r.q = iq_entries(iq_pair(g->iq3s[q[0] | (h << 8 & 256)], g->iq3s[q[1] | (h << 7 & 256)]),
+                         iq_pair(g->iq3s[q[2] | (h << 6 & 256)], g->iq3s[q[3] | (h << 5 & 256)]),
+                         iq_pair(g->iq3s[q[4] | (h << 4 & 256)], g->iq3s[q[5] | (h << 3 & 256)]),
+                         iq_pair(g->iq3s[q[6] | (h << 2 & 256)], g->iq3s[q[7] | (h << 1 & 256)]));
+        r.signs = iq_entries(g->signs[sg[0]], g->signs[sg[1]], g->signs[sg[2]], g->signs[sg[3]]);
+        r.ls = 2 * ((b->scales[k / 2] >> (4 * (k % 2))) & 0xf) + 1;
         break;
     }
     case QTYPE_IQ1_S: {
@@ -545,27 +570,35 @@ INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_
         unsigned h = (unsigned)b->qh[2 * k] | (unsigned)b->qh[2 * k + 1] << 8;
         r.q = iq_entries(g->iq1s[q[0] | (h & 7) << 8], g->iq1s[q[1] | ((h >> 3) & 7) << 8],
                          g->iq1s[q[2] | ((h >> 6) & 7) << 8], g->iq1s[q[3] | ((h >> 9) & 7) << 8]);
-        r.signs = _mm256_set1_epi8(h & 0x8000 ? -1 : 1);
-        r.ls[0] = r.ls[1] = 2 * (int)((h >> 12) & 7) + 1;
+        r.signs = _mm256_setzero_si256();
+        r.ls = 2 * (int)((h >> 12) & 7) + 1;
         break;
     }
-    default: { /* IQ1_M */
+    default: { /* IQ1_M: a shift sign per group, bit 3 of its nibble */
         const qblock_iq1_m *b = (const void *)x;
         const uint8_t *q = b->qs + 4 * k;
         unsigned h = (unsigned)b->qh[2 * k] | (unsigned)b->qh[2 * k + 1] << 8;
-        unsigned w = ((unsigned)b->scales[2 * (k / 2)] | (unsigned)b->scales[2 * (k / 2) + 1] << 8) >>
-                     (6 * (k % 2));
         r.q = iq_entries(g->iq1s[q[0] | (h & 7) << 8], g->iq1s[q[1] | ((h >> 4) & 7) << 8],
                          g->iq1s[q[2] | ((h >> 8) & 7) << 8], g->iq1s[q[3] | ((h >> 12) & 7) << 8]);
-        uint64_t neg = 0xffffffffffffffffull, pos = 0x0101010101010101ull;
-        r.signs = iq_entries(h & 0x8 ? neg : pos, h & 0x80 ? neg : pos, h & 0x800 ? neg : pos,
-                             h & 0x8000 ? neg : pos);
-        r.ls[0] = 2 * (int)(w & 7) + 1;
-        r.ls[1] = 2 * (int)((w >> 3) & 7) + 1;
+        r.signs = iq_entries(g->signs[(h >> 3 & 1) * 255], g->signs[(h >> 7 & 1) * 255],
+                             g->signs[(h >> 11 & 1) * 255], g->signs[(h >> 15 & 1) * 255]);
         break;
     }
     }
     return r;
+}
+
+/* IQ1_S's shift: its one sign per sub-block, so each sub-block's sum of activations,
+ * from the activation's sums of 16. */
+INLINE int32_t iq1_s_shifted(const qblock_iq1_s *b, const qblock_q8_k *y)
+{
+    int32_t shifted = 0;
+    for (int k = 0; k < 8; k++) {
+        unsigned h = (unsigned)b->qh[2 * k] | (unsigned)b->qh[2 * k + 1] << 8;
+        int32_t a = y->bsums[2 * k] + y->bsums[2 * k + 1];
+        shifted += (2 * (int32_t)((h >> 12) & 7) + 1) * (h & 0x8000 ? -a : a);
+    }
+    return shifted;
 }
 
 INLINE float dot_iq_kind(uint32_t t, const uint8_t *x, const qblock_q8_k *y, int64_t nb)
@@ -574,26 +607,34 @@ INLINE float dot_iq_kind(uint32_t t, const uint8_t *x, const qblock_q8_k *y, int
     const size_t bytes = quant_traits_of(t)->block_bytes;
     const bool iq1 = t == QTYPE_IQ1_S || t == QTYPE_IQ1_M;
     const __m256i one = _mm256_set1_epi8(1);
+    /* picks byte 2 k (low lane) or 2 k + 1 (high lane) of the scales into each int16 */
+    const __m256i pick = _mm256_setr_epi8(0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128,
+                                          0, -128, 0, -128, 1, -128, 1, -128, 1, -128, 1, -128,
+                                          1, -128, 1, -128, 1, -128, 1, -128);
     float sum = 0;
     for (int64_t i = 0; i < nb; i++, x += bytes) {
         __m256i sumi = _mm256_setzero_si256(), shifted = _mm256_setzero_si256();
+        __m256i scales = iq_scales_of_16(t) ? iq_scales16(t, x) : _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             iq_sub_block s = iq_load(t, x, k, g);
             __m256i a = load256(y[i].qs + 32 * k);
-            __m256i sc = _mm256_setr_m128i(_mm_set1_epi16((short)s.ls[0]),
-                                           _mm_set1_epi16((short)s.ls[1]));
+            __m256i sc = iq_scales_of_16(t) ? _mm256_shuffle_epi8(
+                                                  scales, _mm256_add_epi8(pick, _mm256_set1_epi8((char)(2 * k))))
+                                            : _mm256_set1_epi16((short)s.ls);
             __m256i p = iq1 ? _mm256_maddubs_epi16(_mm256_sign_epi8(s.q, s.q),
                                                    _mm256_sign_epi8(a, s.q))
                             : _mm256_maddubs_epi16(s.q, _mm256_sign_epi8(a, s.signs));
             sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
-            if (iq1) {
+            if (t == QTYPE_IQ1_M) {
                 __m256i pa = _mm256_maddubs_epi16(one, _mm256_sign_epi8(a, s.signs));
                 shifted = _mm256_add_epi32(shifted, _mm256_madd_epi16(pa, sc));
             }
         }
-        sum += quant_iq_block_sum(t, quant_iq_d(t, x), y[i].d, hsum_i32(sumi),
-                                  iq1 ? hsum_i32(shifted) : 0);
+        int32_t sh = t == QTYPE_IQ1_S ? iq1_s_shifted((const void *)x, &y[i])
+                     : t == QTYPE_IQ1_M ? hsum_i32(shifted)
+                                        : 0;
+        sum += quant_iq_block_sum(t, quant_iq_d(t, x), y[i].d, hsum_i32(sumi), sh);
     }
     return quant_iq_row_factor(t) * sum;
 }
@@ -635,7 +676,7 @@ static float dot_q3_k(const qblock_q3_k *x, const qblock_q8_k *y, int64_t nb)
         __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 2);
         sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
         __m256i hm = load256(x[i].hmask);
-#pragma GCC unroll 2
+#pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             __m256i v = load256(x[i].qs + 32 * h);
             const int8_t *a = y[i].qs + 128 * h;
@@ -676,7 +717,7 @@ static float dot_q2_k(const qblock_q2_k *x, const qblock_q8_k *y, int64_t nb)
         /* the scales of each half's 8 sub-blocks in both lanes */
         const __m256i sch[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
                                 _mm256_permute2x128_si256(sc16, sc16, 0x11)};
-#pragma GCC unroll 2
+#pragma GCC unroll 8
         for (int h = 0; h < 2; h++) {
             __m256i v = load256(x[i].qs + 32 * h);
             const int8_t *a = y[i].qs + 128 * h;

@@ -297,8 +297,7 @@ static void grid_init(void)
     for (int s = 0; s < 256; s++) {
         uint64_t m = 0;
         for (int j = 0; j < 8; j++)
-            if ((s >> j) & 1)
-                m |= (uint64_t)0xff << (8 * j);
+            m |= (uint64_t)((s >> j) & 1 ? 0xff : 0x01) << (8 * j);
         grid.signs[s] = m;
     }
     /* a 7-bit pattern's eighth sign makes the count of negatives even */
@@ -363,11 +362,13 @@ static uint16_t load_u16(const uint8_t *p)
     return v;
 }
 
-/* Stores 8 magnitudes (bytes of 1 .. 62, so no byte carries into the next) with the bytes
- * that sign mask m (from grid.signs or grid.even_signs) marks negated, as group g of b. */
-static void put_group(iq_block *b, int g, uint64_t magnitudes, uint64_t m)
+/* Stores 8 magnitudes (bytes of 1 .. 62, so no byte carries into the next) times the
+ * signs (+-1 bytes from grid.signs or grid.even_signs), as group g of b. */
+static void put_group(iq_block *b, int g, uint64_t magnitudes, uint64_t signs)
 {
-    uint64_t v = (magnitudes ^ m) + (m & 0x0101010101010101ull);
+    uint64_t ones = 0x0101010101010101ull, m = signs ^ ones; /* 0xfe where negative */
+    m |= (m >> 1) & ones;                                     /* 0xff */
+    uint64_t v = (magnitudes ^ m) + (m & ones);
     memcpy(b->q + 8 * g, &v, 8);
 }
 

@@ -37,7 +37,7 @@ typedef struct iq_block {
 typedef struct quant_iq_tables {
     uint64_t iq2xxs[256], iq2xs[512], iq2s[1024], iq1s[2048];
     uint32_t iq3xxs[256], iq3s[512];
-    uint64_t signs[256];      /* byte j is 0xff where bit j of the index is set, else 0 */
+    uint64_t signs[256];      /* byte j is -1 where bit j of the index is set, else +1 */
     uint64_t even_signs[128]; /* the same for a 7-bit pattern and its eighth sign, which
                                * makes the count of negatives even */
 } quant_iq_tables;
