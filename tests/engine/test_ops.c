@@ -325,7 +325,9 @@ static void test_matmul(void)
 {
     const uint32_t types[] = {QTYPE_F32,  QTYPE_F16,  QTYPE_BF16, QTYPE_Q8_0, QTYPE_Q4_0,
                               QTYPE_Q4_1, QTYPE_Q5_0, QTYPE_Q5_1, QTYPE_Q2_K, QTYPE_Q3_K,
-                              QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS};
+                              QTYPE_Q4_K, QTYPE_Q5_K, QTYPE_Q6_K, QTYPE_IQ4_NL, QTYPE_IQ4_XS,
+                              QTYPE_IQ2_XXS, QTYPE_IQ2_XS, QTYPE_IQ2_S, QTYPE_IQ3_XXS,
+                              QTYPE_IQ3_S, QTYPE_IQ1_S, QTYPE_IQ1_M};
     enum { ROWS = 300, COLS = 512, MAXT = 72 };
     char err[ERR_MAX];
     tp_pool *pool = tp_new(2, err);
