@@ -443,16 +443,22 @@ static float dot_iq4_xs(const qblock_iq4_xs *x, const qblock_q8_k *y, int64_t nb
  * maddubs multiplies the unsigned magnitudes (at most 62: no saturation). Each 16 values'
  * pair sums are scaled by their 2 s + 1 in madd: the scalar kernel's integers, summed per
  * super-block and added up in its order (quant_iq_block_sum), so the result is its bits.
- * The scales are a broadcast where a sub-block has one, and otherwise one byte shuffle of
- * the super-block's 16, made once. IQ1's shift adds each 16 values' (2 s + 1) times the
+ * The scales are a broadcast where they sit with the signs, and otherwise one byte
+ * shuffle per sub-block of the super-block's 16, made once; the 8-bit sign masks of IQ2_S and IQ3_S are spread and tested in registers. IQ1's shift adds each 16 values' (2 s + 1) times the
  * sum of their activations, each with its group's shift sign: IQ1_S's one sign per
  * sub-block takes it from the activation's sums of 16.
  */
 typedef struct {
     __m256i q;     /* magnitudes (IQ1: the signed entries) */
     __m256i signs; /* +-1 per value (IQ1_M: its group's shift sign; IQ1_S: unused) */
-    int ls;        /* 2 s + 1, where the sub-block has one scale */
+    int ls;        /* IQ2_XXS, IQ3_XXS, IQ1_S: 2 s + 1, read with the signs */
 } iq_sub_block;
+
+/* Types whose scale fields sit with their signs, one per sub-block of 32. */
+INLINE bool iq_scale_with_signs(uint32_t t)
+{
+    return t == QTYPE_IQ2_XXS || t == QTYPE_IQ3_XXS || t == QTYPE_IQ1_S;
+}
 
 INLINE __m256i iq_entries(uint64_t e0, uint64_t e1, uint64_t e2, uint64_t e3)
 {
@@ -471,22 +477,28 @@ INLINE uint64_t iq_pair(uint32_t lo, uint32_t hi)
     return lo | (uint64_t)hi << 32;
 }
 
-/* Types whose scale fields cover 16 values. */
-INLINE bool iq_scales_of_16(uint32_t t)
-{
-    return t == QTYPE_IQ2_XS || t == QTYPE_IQ2_S || t == QTYPE_IQ1_M;
-}
-
-/* The 16 values of 2 s + 1 of the super-block at x, as bytes in both lanes. */
-INLINE __m256i iq_scales16(uint32_t t, const uint8_t *x)
+/* The 16 values of 2 s + 1 of the super-block at x (one per 16 values), as bytes in both
+ * lanes, for one byte shuffle per sub-block to spread (but where iq_scale_with_signs). */
+INLINE __m256i iq_scales(uint32_t t, const uint8_t *x)
 {
     __m128i s;
-    if (t == QTYPE_IQ1_M) {
+    if (t == QTYPE_IQ2_XS || t == QTYPE_IQ2_S || t == QTYPE_IQ3_S) {
+        /* a nibble each, the low one first */
+        const uint8_t *sc = t == QTYPE_IQ2_XS ? ((const qblock_iq2_xs *)(const void *)x)->scales
+                            : t == QTYPE_IQ2_S ? ((const qblock_iq2_s *)(const void *)x)->scales
+                                               : ((const qblock_iq3_s *)(const void *)x)->scales;
+        __m128i v = t == QTYPE_IQ3_S ? _mm_cvtsi32_si128((int)iq_u32(sc))
+                                     : _mm_loadl_epi64((const __m128i *)(const void *)sc);
+        __m128i m = _mm_set1_epi8(0xf);
+        s = _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
+        if (t == QTYPE_IQ3_S) /* one per sub-block of 32: each for both its halves */
+            s = _mm_unpacklo_epi8(s, s);
+    } else if (t == QTYPE_IQ1_M) {
         uint64_t w, lo = 0, hi = 0;
         memcpy(&w, ((const qblock_iq1_m *)(const void *)x)->scales, 8);
         for (int k = 0; k < 8; k++) { /* sub-block k: word k / 2, bits 6 (k % 2) */
             uint64_t f = w >> (16 * (k / 2) + 6 * (k % 2));
-            uint64_t pair = (2 * (f & 7) + 1) | (2 * ((f >> 3) & 7) + 1) << 8;
+            uint64_t pair = (f & 7) | ((f >> 3) & 7) << 8;
             if (k < 4)
                 lo |= pair << (16 * k);
             else
@@ -494,13 +506,21 @@ INLINE __m256i iq_scales16(uint32_t t, const uint8_t *x)
         }
         s = _mm_set_epi64x((long long)hi, (long long)lo);
     } else {
-        const uint8_t *sc = t == QTYPE_IQ2_XS ? ((const qblock_iq2_xs *)(const void *)x)->scales
-                                              : ((const qblock_iq2_s *)(const void *)x)->scales;
-        __m128i v = _mm_loadl_epi64((const __m128i *)(const void *)sc), m = _mm_set1_epi8(0xf);
-        s = _mm_unpacklo_epi8(_mm_and_si128(v, m), _mm_and_si128(_mm_srli_epi16(v, 4), m));
-        s = _mm_add_epi8(_mm_add_epi8(s, s), _mm_set1_epi8(1));
+        return _mm256_setzero_si256(); /* iq_scale_with_signs */
     }
+    s = _mm_add_epi8(_mm_add_epi8(s, s), _mm_set1_epi8(1));
     return _mm256_broadcastsi128_si256(s);
+}
+
+/* The +-1 multipliers of 4 groups' 8-bit sign masks (4 bytes at sg), made in registers. */
+INLINE __m256i iq_signs8(const uint8_t *sg)
+{
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2,
+                                            2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bits = _mm256_set1_epi64x(0x8040201008040201ll);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)iq_u32(sg)), spread);
+    return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(b, bits), bits),
+                           _mm256_set1_epi8(1));
 }
 
 /* Sub-block k of the super-block at x, of type t (a constant once inlined). */
@@ -536,7 +556,7 @@ INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_
         unsigned h = b->qh[k];
         r.q = iq_entries(g->iq2s[q[0] | (h & 3) << 8], g->iq2s[q[1] | (h & 0xc) << 6],
                          g->iq2s[q[2] | (h & 0x30) << 4], g->iq2s[q[3] | (h & 0xc0) << 2]);
-        r.signs = iq_entries(g->signs[sg[0]], g->signs[sg[1]], g->signs[sg[2]], g->signs[sg[3]]);
+        r.signs = iq_signs8(sg);
         break;
     }
     case QTYPE_IQ3_XXS: {
@@ -560,8 +580,7 @@ INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_
                          iq_pair(g->iq3s[q[2] | (h << 6 & 256)], g->iq3s[q[3] | (h << 5 & 256)]),
                          iq_pair(g->iq3s[q[4] | (h << 4 & 256)], g->iq3s[q[5] | (h << 3 & 256)]),
                          iq_pair(g->iq3s[q[6] | (h << 2 & 256)], g->iq3s[q[7] | (h << 1 & 256)]));
-        r.signs = iq_entries(g->signs[sg[0]], g->signs[sg[1]], g->signs[sg[2]], g->signs[sg[3]]);
-        r.ls = 2 * ((b->scales[k / 2] >> (4 * (k % 2))) & 0xf) + 1;
+        r.signs = iq_signs8(sg);
         break;
     }
     case QTYPE_IQ1_S: {
@@ -614,14 +633,16 @@ INLINE float dot_iq_kind(uint32_t t, const uint8_t *x, const qblock_q8_k *y, int
     float sum = 0;
     for (int64_t i = 0; i < nb; i++, x += bytes) {
         __m256i sumi = _mm256_setzero_si256(), shifted = _mm256_setzero_si256();
-        __m256i scales = iq_scales_of_16(t) ? iq_scales16(t, x) : _mm256_setzero_si256();
+        __m256i scales = iq_scales(t, x);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             iq_sub_block s = iq_load(t, x, k, g);
             __m256i a = load256(y[i].qs + 32 * k);
-            __m256i sc = iq_scales_of_16(t) ? _mm256_shuffle_epi8(
-                                                  scales, _mm256_add_epi8(pick, _mm256_set1_epi8((char)(2 * k))))
-                                            : _mm256_set1_epi16((short)s.ls);
+            __m256i sc =
+                iq_scale_with_signs(t)
+                    ? _mm256_set1_epi16((short)s.ls)
+                    : _mm256_shuffle_epi8(scales,
+                                          _mm256_add_epi8(pick, _mm256_set1_epi8((char)(2 * k))));
             __m256i p = iq1 ? _mm256_maddubs_epi16(_mm256_sign_epi8(s.q, s.q),
                                                    _mm256_sign_epi8(a, s.q))
                             : _mm256_maddubs_epi16(s.q, _mm256_sign_epi8(a, s.signs));
