@@ -228,13 +228,6 @@ static uint32_t modelgen_fallback_type(uint32_t t, int64_t cols)
     case QTYPE_Q2_K:
     case QTYPE_Q3_K:
     case QTYPE_IQ4_XS:
-    case QTYPE_IQ2_XXS:
-    case QTYPE_IQ2_XS:
-    case QTYPE_IQ2_S:
-    case QTYPE_IQ3_XXS:
-    case QTYPE_IQ3_S:
-    case QTYPE_IQ1_S:
-    case QTYPE_IQ1_M:
         t = QTYPE_IQ4_NL;
         break;
     case QTYPE_Q4_K:

@@ -472,11 +472,6 @@ INLINE uint32_t iq_u32(const uint8_t *p)
     return v;
 }
 
-INLINE uint64_t iq_pair(uint32_t lo, uint32_t hi)
-{
-    return lo | (uint64_t)hi << 32;
-}
-
 /* The 16 values of 2 s + 1 of the super-block at x (one per 16 values), as bytes in both
  * lanes, for one byte shuffle per sub-block to spread (but where iq_scale_with_signs). */
 INLINE __m256i iq_scales(uint32_t t, const uint8_t *x)
@@ -563,10 +558,9 @@ INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_
         const qblock_iq3_xxs *b = (const void *)x;
         const uint8_t *q = b->qs + 8 * k;
         uint32_t aux = iq_u32(b->scales_signs + 4 * k);
-        r.q = iq_entries(iq_pair(g->iq3xxs[q[0]], g->iq3xxs[q[1]]),
-                         iq_pair(g->iq3xxs[q[2]], g->iq3xxs[q[3]]),
-                         iq_pair(g->iq3xxs[q[4]], g->iq3xxs[q[5]]),
-                         iq_pair(g->iq3xxs[q[6]], g->iq3xxs[q[7]]));
+        r.q = _mm256_setr_epi32((int)g->iq3xxs[q[0]], (int)g->iq3xxs[q[1]], (int)g->iq3xxs[q[2]],
+                                (int)g->iq3xxs[q[3]], (int)g->iq3xxs[q[4]], (int)g->iq3xxs[q[5]],
+                                (int)g->iq3xxs[q[6]], (int)g->iq3xxs[q[7]]);
         r.signs = iq_entries(g->even_signs[aux & 127], g->even_signs[(aux >> 7) & 127],
                              g->even_signs[(aux >> 14) & 127], g->even_signs[(aux >> 21) & 127]);
         r.ls = 2 * (int)(aux >> 28) + 1;
@@ -576,10 +570,11 @@ INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_
         const qblock_iq3_s *b = (const void *)x;
         const uint8_t *q = b->qs + 8 * k, *sg = b->signs + 4 * k;
         unsigned h = b->qh[k]; /* entry 2 l + m's ninth bit at bit 2 l + m */
-        r.q = iq_entries(iq_pair(g->iq3s[q[0] | (h << 8 & 256)], g->iq3s[q[1] | (h << 7 & 256)]),
-                         iq_pair(g->iq3s[q[2] | (h << 6 & 256)], g->iq3s[q[3] | (h << 5 & 256)]),
-                         iq_pair(g->iq3s[q[4] | (h << 4 & 256)], g->iq3s[q[5] | (h << 3 & 256)]),
-                         iq_pair(g->iq3s[q[6] | (h << 2 & 256)], g->iq3s[q[7] | (h << 1 & 256)]));
+        r.q = _mm256_setr_epi32(
+            (int)g->iq3s[q[0] | (h << 8 & 256)], (int)g->iq3s[q[1] | (h << 7 & 256)],
+            (int)g->iq3s[q[2] | (h << 6 & 256)], (int)g->iq3s[q[3] | (h << 5 & 256)],
+            (int)g->iq3s[q[4] | (h << 4 & 256)], (int)g->iq3s[q[5] | (h << 3 & 256)],
+            (int)g->iq3s[q[6] | (h << 2 & 256)], (int)g->iq3s[q[7] | (h << 1 & 256)]);
         r.signs = iq_signs8(sg);
         break;
     }
