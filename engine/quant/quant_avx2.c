@@ -518,6 +518,14 @@ INLINE __m256i iq_signs8(const uint8_t *sg)
                            _mm256_set1_epi8(1));
 }
 
+/* IQ2_XXS's and IQ3_XXS's word of four 7-bit sign patterns and a scale. */
+INLINE void iq_signs_and_scale(uint32_t aux, const quant_iq_tables *g, iq_sub_block *r)
+{
+    r->signs = iq_entries(g->even_signs[aux & 127], g->even_signs[(aux >> 7) & 127],
+                          g->even_signs[(aux >> 14) & 127], g->even_signs[(aux >> 21) & 127]);
+    r->ls = 2 * (int)(aux >> 28) + 1;
+}
+
 /* Sub-block k of the super-block at x, of type t (a constant once inlined). */
 INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_tables *g)
 {
@@ -529,9 +537,7 @@ INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_
         uint32_t e = iq_u32(b->qs + 8 * k), aux = iq_u32(b->qs + 8 * k + 4);
         r.q = iq_entries(g->iq2xxs[e & 255], g->iq2xxs[(e >> 8) & 255],
                          g->iq2xxs[(e >> 16) & 255], g->iq2xxs[e >> 24]);
-        r.signs = iq_entries(g->even_signs[aux & 127], g->even_signs[(aux >> 7) & 127],
-                             g->even_signs[(aux >> 14) & 127], g->even_signs[(aux >> 21) & 127]);
-        r.ls = 2 * (int)(aux >> 28) + 1;
+        iq_signs_and_scale(aux, g, &r);
         break;
     }
     case QTYPE_IQ2_XS: {
@@ -561,9 +567,7 @@ INLINE iq_sub_block iq_load(uint32_t t, const uint8_t *x, int k, const quant_iq_
         r.q = _mm256_setr_epi32((int)g->iq3xxs[q[0]], (int)g->iq3xxs[q[1]], (int)g->iq3xxs[q[2]],
                                 (int)g->iq3xxs[q[3]], (int)g->iq3xxs[q[4]], (int)g->iq3xxs[q[5]],
                                 (int)g->iq3xxs[q[6]], (int)g->iq3xxs[q[7]]);
-        r.signs = iq_entries(g->even_signs[aux & 127], g->even_signs[(aux >> 7) & 127],
-                             g->even_signs[(aux >> 14) & 127], g->even_signs[(aux >> 21) & 127]);
-        r.ls = 2 * (int)(aux >> 28) + 1;
+        iq_signs_and_scale(aux, g, &r);
         break;
     }
     case QTYPE_IQ3_S: {

@@ -390,6 +390,15 @@ static void unpack_iq2_xxs(const qblock_iq2_xxs *x, iq_block *b)
     }
 }
 
+/* IQ2_XS's and IQ2_S's scales: a nibble per 16 values, the low one first. */
+static void unpack_nibble_scales(const uint8_t scales[8], iq_block *b)
+{
+    for (int k = 0; k < 8; k++) {
+        b->scale[2 * k] = scales[k] & 0xf;
+        b->scale[2 * k + 1] = scales[k] >> 4;
+    }
+}
+
 static void unpack_iq2_xs(const qblock_iq2_xs *x, iq_block *b)
 {
     b->d = qb_f16_to_f32(x->d);
@@ -397,10 +406,7 @@ static void unpack_iq2_xs(const qblock_iq2_xs *x, iq_block *b)
         unsigned w = load_u16(x->qs + 2 * g);
         put_group(b, g, grid.iq2xs[w & 511], grid.even_signs[w >> 9]);
     }
-    for (int k = 0; k < 8; k++) {
-        b->scale[2 * k] = x->scales[k] & 0xf;
-        b->scale[2 * k + 1] = x->scales[k] >> 4;
-    }
+    unpack_nibble_scales(x->scales, b);
 }
 
 static void unpack_iq2_s(const qblock_iq2_s *x, iq_block *b)
@@ -411,10 +417,7 @@ static void unpack_iq2_s(const qblock_iq2_s *x, iq_block *b)
         unsigned e = x->qs[g] | ((x->qh[k] >> (2 * l)) & 3u) << 8;
         put_group(b, g, grid.iq2s[e], grid.signs[x->signs[g]]);
     }
-    for (int k = 0; k < 8; k++) {
-        b->scale[2 * k] = x->scales[k] & 0xf;
-        b->scale[2 * k + 1] = x->scales[k] >> 4;
-    }
+    unpack_nibble_scales(x->scales, b);
 }
 
 static void unpack_iq3_xxs(const qblock_iq3_xxs *x, iq_block *b)

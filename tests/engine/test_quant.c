@@ -536,6 +536,27 @@ static void quantize_error_is_bounded(void)
     free(q);
 }
 
+/* A zero row of type t stays zero (no NaN from a zero scale) and a row of -0.75 comes
+ * back within tol. */
+static void zero_and_constant_rows(uint32_t t, float tol)
+{
+    const char *name = quant_traits_of(t)->name;
+    float x[256], y[256];
+    uint8_t q[512];
+    memset(x, 0, sizeof x);
+    quant_quantize_row(t, x, q, 256);
+    quant_dequantize_row(t, q, y, 256);
+    for (int i = 0; i < 256; i++)
+        CHECK_MSG(y[i] == 0.0f, "%s zero row: y[%d] = %g", name, i, (double)y[i]);
+    for (int i = 0; i < 256; i++)
+        x[i] = -0.75f;
+    quant_quantize_row(t, x, q, 256);
+    quant_dequantize_row(t, q, y, 256);
+    for (int i = 0; i < 256; i++)
+        CHECK_MSG(fabsf(y[i] + 0.75f) <= tol, "%s constant row: y[%d] = %g", name, i,
+                  (double)y[i]);
+}
+
 /*
  * The i-quants' codebooks are the format's (ggml's tables): a block whose first group is
  * entry k, under scale 1, every scale field 0 and no signs, dequantizes to entry k's
@@ -676,18 +697,7 @@ static void iq_quantize_degenerate_blocks(void)
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         uint32_t t = types[k];
         const char *name = quant_traits_of(t)->name;
-        memset(x, 0, sizeof x);
-        quant_quantize_row(t, x, q, 256);
-        quant_dequantize_row(t, q, y, 256);
-        for (int i = 0; i < 256; i++)
-            CHECK_MSG(y[i] == 0.0f, "%s zero row: y[%d] = %g", name, i, (double)y[i]);
-        for (int i = 0; i < 256; i++)
-            x[i] = -0.75f;
-        quant_quantize_row(t, x, q, 256);
-        quant_dequantize_row(t, q, y, 256);
-        for (int i = 0; i < 256; i++)
-            CHECK_MSG(fabsf(y[i] + 0.75f) <= 0.015f, "%s constant row: y[%d] = %g", name, i,
-                      (double)y[i]);
+        zero_and_constant_rows(t, 0.015f);
         memset(x, 0, sizeof x);
         x[100] = -5.0f;
         quant_quantize_row(t, x, q, 256);
@@ -712,17 +722,7 @@ static void quantize_degenerate_blocks(void)
     for (size_t k = 0; k < sizeof types / sizeof types[0]; k++) {
         uint32_t t = types[k];
         const char *name = quant_traits_of(t)->name;
-        memset(x, 0, sizeof x);
-        quant_quantize_row(t, x, q, 256);
-        quant_dequantize_row(t, q, y, 256);
-        for (int i = 0; i < 256; i++)
-            CHECK_MSG(y[i] == 0.0f, "%s zero row: y[%d] = %g", name, i, (double)y[i]);
-        for (int i = 0; i < 256; i++)
-            x[i] = -0.75f;
-        quant_quantize_row(t, x, q, 256);
-        quant_dequantize_row(t, q, y, 256);
-        for (int i = 0; i < 256; i++)
-            CHECK_MSG(fabsf(y[i] + 0.75f) <= 0.01f, "%s constant row: y[%d] = %g", name, i, (double)y[i]);
+        zero_and_constant_rows(t, 0.01f);
         memset(x, 0, sizeof x);
         x[100] = 5.0f;
         quant_quantize_row(t, x, q, 256);
