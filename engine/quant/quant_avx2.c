@@ -448,6 +448,9 @@ static float dot_iq4_xs(const qblock_iq4_xs *x, const qblock_q8_k *y, int64_t nb
  * sum of their activations, each with its group's shift sign: IQ1_S's one sign per
  * sub-block takes it from the activation's sums of 16.
  */
+/* Activations a pass of the i-quants' batched kernel: each sub-block built once for them. */
+#define IQ_MA 4
+
 typedef struct {
     __m256i q;     /* magnitudes (IQ1: the signed entries) */
     __m256i signs; /* +-1 per value (IQ1_M: its group's shift sign; IQ1_S: unused) */
@@ -619,7 +622,11 @@ INLINE int32_t iq1_s_shifted(const qblock_iq1_s *b, const qblock_q8_k *y)
     return shifted;
 }
 
-INLINE float dot_iq_kind(uint32_t t, const uint8_t *x, const qblock_q8_k *y, int64_t nb)
+/* One row of type t against na activations (na a constant once inlined) y[a], each
+ * summed as it would be alone: out[a * out_stride] gets its dot product. Each sub-block
+ * is built once for all of them. */
+INLINE void dot_iq_kind(uint32_t t, int na, const uint8_t *x, const qblock_q8_k *const *y,
+                        int64_t nb, float *out, size_t out_stride)
 {
     const quant_iq_tables *g = quant_iq_tables_get();
     const size_t bytes = quant_traits_of(t)->block_bytes;
@@ -629,53 +636,93 @@ INLINE float dot_iq_kind(uint32_t t, const uint8_t *x, const qblock_q8_k *y, int
     const __m256i pick = _mm256_setr_epi8(0, -128, 0, -128, 0, -128, 0, -128, 0, -128, 0, -128,
                                           0, -128, 0, -128, 1, -128, 1, -128, 1, -128, 1, -128,
                                           1, -128, 1, -128, 1, -128, 1, -128);
-    float sum = 0;
+    float sum[IQ_MA] = {0};
     for (int64_t i = 0; i < nb; i++, x += bytes) {
-        __m256i sumi = _mm256_setzero_si256(), shifted = _mm256_setzero_si256();
+        __m256i sumi[IQ_MA], shifted[IQ_MA];
+        for (int a = 0; a < na; a++)
+            sumi[a] = shifted[a] = _mm256_setzero_si256();
         __m256i scales = iq_scales(t, x);
 #pragma GCC unroll 8
         for (int k = 0; k < 8; k++) {
             iq_sub_block s = iq_load(t, x, k, g);
-            __m256i a = load256(y[i].qs + 32 * k);
             __m256i sc =
                 iq_scale_with_signs(t)
                     ? _mm256_set1_epi16((short)s.ls)
                     : _mm256_shuffle_epi8(scales,
                                           _mm256_add_epi8(pick, _mm256_set1_epi8((char)(2 * k))));
-            __m256i p = iq1 ? _mm256_maddubs_epi16(_mm256_sign_epi8(s.q, s.q),
-                                                   _mm256_sign_epi8(a, s.q))
-                            : _mm256_maddubs_epi16(s.q, _mm256_sign_epi8(a, s.signs));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p, sc));
-            if (t == QTYPE_IQ1_M) {
-                __m256i pa = _mm256_maddubs_epi16(one, _mm256_sign_epi8(a, s.signs));
-                shifted = _mm256_add_epi32(shifted, _mm256_madd_epi16(pa, sc));
+            __m256i magnitudes = iq1 ? _mm256_sign_epi8(s.q, s.q) : s.q;
+            for (int a = 0; a < na; a++) {
+                __m256i v = load256(y[a][i].qs + 32 * k);
+                __m256i p = _mm256_maddubs_epi16(magnitudes,
+                                                 _mm256_sign_epi8(v, iq1 ? s.q : s.signs));
+                sumi[a] = _mm256_add_epi32(sumi[a], _mm256_madd_epi16(p, sc));
+                if (t == QTYPE_IQ1_M) {
+                    __m256i pa = _mm256_maddubs_epi16(one, _mm256_sign_epi8(v, s.signs));
+                    shifted[a] = _mm256_add_epi32(shifted[a], _mm256_madd_epi16(pa, sc));
+                }
             }
         }
-        int32_t sh = t == QTYPE_IQ1_S ? iq1_s_shifted((const void *)x, &y[i])
-                     : t == QTYPE_IQ1_M ? hsum_i32(shifted)
-                                        : 0;
-        sum += quant_iq_block_sum(t, quant_iq_d(t, x), y[i].d, hsum_i32(sumi), sh);
+        float d = quant_iq_d(t, x);
+        for (int a = 0; a < na; a++) {
+            int32_t sh = t == QTYPE_IQ1_S   ? iq1_s_shifted((const void *)x, &y[a][i])
+                         : t == QTYPE_IQ1_M ? hsum_i32(shifted[a])
+                                            : 0;
+            sum[a] += quant_iq_block_sum(t, d, y[a][i].d, hsum_i32(sumi[a]), sh);
+        }
     }
-    return quant_iq_row_factor(t) * sum;
+    for (int a = 0; a < na; a++)
+        out[(size_t)a * out_stride] = quant_iq_row_factor(t) * sum[a];
 }
 
-static float dot_iq(uint32_t t, const uint8_t *x, const qblock_q8_k *y, int64_t nb)
+#define IQ_KIND_CASE(T, NA)                                                                  \
+    case T:                                                                                  \
+        for (int64_t r = 0; r < n_rows; r++)                                                 \
+            dot_iq_kind(T, NA, w + (size_t)r * row_bytes, y, nb, out + r, out_stride);       \
+        break;
+
+/* n_rows rows of the i-quant t against na activations y[a] (na 1 or IQ_MA). */
+static void rows_iq(uint32_t t, int na, const uint8_t *w, size_t row_bytes, int64_t n_rows,
+                    const qblock_q8_k *const *y, int64_t nb, float *out, size_t out_stride)
 {
+    if (na == IQ_MA) {
+        switch (t) {
+            IQ_KIND_CASE(QTYPE_IQ2_XXS, IQ_MA)
+            IQ_KIND_CASE(QTYPE_IQ2_XS, IQ_MA)
+            IQ_KIND_CASE(QTYPE_IQ2_S, IQ_MA)
+            IQ_KIND_CASE(QTYPE_IQ3_XXS, IQ_MA)
+            IQ_KIND_CASE(QTYPE_IQ3_S, IQ_MA)
+            IQ_KIND_CASE(QTYPE_IQ1_S, IQ_MA)
+            IQ_KIND_CASE(QTYPE_IQ1_M, IQ_MA)
+        default:
+            break;
+        }
+        return;
+    }
     switch (t) {
-    case QTYPE_IQ2_XXS:
-        return dot_iq_kind(QTYPE_IQ2_XXS, x, y, nb);
-    case QTYPE_IQ2_XS:
-        return dot_iq_kind(QTYPE_IQ2_XS, x, y, nb);
-    case QTYPE_IQ2_S:
-        return dot_iq_kind(QTYPE_IQ2_S, x, y, nb);
-    case QTYPE_IQ3_XXS:
-        return dot_iq_kind(QTYPE_IQ3_XXS, x, y, nb);
-    case QTYPE_IQ3_S:
-        return dot_iq_kind(QTYPE_IQ3_S, x, y, nb);
-    case QTYPE_IQ1_S:
-        return dot_iq_kind(QTYPE_IQ1_S, x, y, nb);
+        IQ_KIND_CASE(QTYPE_IQ2_XXS, 1)
+        IQ_KIND_CASE(QTYPE_IQ2_XS, 1)
+        IQ_KIND_CASE(QTYPE_IQ2_S, 1)
+        IQ_KIND_CASE(QTYPE_IQ3_XXS, 1)
+        IQ_KIND_CASE(QTYPE_IQ3_S, 1)
+        IQ_KIND_CASE(QTYPE_IQ1_S, 1)
+        IQ_KIND_CASE(QTYPE_IQ1_M, 1)
     default:
-        return dot_iq_kind(QTYPE_IQ1_M, x, y, nb);
+        break;
+    }
+}
+
+/* quant_avx2_dot_rows_multi's i-quants: IQ_MA activations a pass, the rest one by one. */
+static void multi_iq_rows(uint32_t t, const uint8_t *w, size_t row_bytes, int64_t n_rows,
+                          const uint8_t *act, size_t act_stride, int n_act, int64_t nb,
+                          float *out, size_t out_stride)
+{
+    for (int a = 0; a < n_act;) {
+        int na = n_act - a >= IQ_MA ? IQ_MA : 1;
+        const qblock_q8_k *y[IQ_MA];
+        for (int b = 0; b < na; b++)
+            y[b] = (const void *)(act + (size_t)(a + b) * act_stride);
+        rows_iq(t, na, w, row_bytes, n_rows, y, nb, out + (size_t)a * out_stride, out_stride);
+        a += na;
     }
 }
 
@@ -825,6 +872,11 @@ int quant_avx2_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes,
                               int64_t n_rows, const void *act, size_t act_stride, int n_act,
                               int64_t n, float *out, size_t out_stride)
 {
+    if (quant_iq_type(t)) {
+        multi_iq_rows(t, weights, row_bytes, n_rows, act, act_stride, n_act, n / QB_256, out,
+                      out_stride);
+        return 1;
+    }
     if (t != QTYPE_Q8_0)
         return 0;
     const uint8_t *w = weights, *y = act;
@@ -938,8 +990,8 @@ void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int6
         break;
     default:
         if (quant_iq_type(t)) {
-            for (; r < n_rows; r++)
-                out[r] = dot_iq(t, w + (size_t)r * row_bytes, activation, n / QB_256);
+            const qblock_q8_k *y[1] = {activation};
+            rows_iq(t, 1, w, row_bytes, n_rows, y, n / QB_256, out, 1);
             break;
         }
         for (; r < n_rows; r++)

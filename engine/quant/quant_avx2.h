@@ -13,8 +13,8 @@
 void quant_avx2_dot_rows(uint32_t t, const void *weights, size_t row_bytes, int64_t n_rows,
                          const void *activation, int64_t n, float *out);
 
-/* quant_dot_rows_multi for the types that have a multi-activation kernel (Q8_0); returns
- * 0 without writing anything for the others. */
+/* quant_dot_rows_multi for the types that have a multi-activation kernel (Q8_0 and the
+ * i-quants below 4 bits); returns 0 without writing anything for the others. */
 int quant_avx2_dot_rows_multi(uint32_t t, const void *weights, size_t row_bytes,
                               int64_t n_rows, const void *act, size_t act_stride, int n_act,
                               int64_t n, float *out, size_t out_stride);
