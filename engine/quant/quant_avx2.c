@@ -312,7 +312,7 @@ static float dot_q6_k(const qblock_q6_k *x, const qblock_q8_k *y, int64_t nb)
         __m256i bs = load256((const uint8_t *)&y[i] + offsetof(qblock_q8_k, bsums));
         __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5);
         sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
-#pragma GCC unroll 8
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[i].ql + 64 * h;
             const int8_t *a = y[i].qs + 128 * h;
@@ -438,17 +438,18 @@ static float dot_iq4_xs(const qblock_iq4_xs *x, const qblock_q8_k *y, int64_t nb
 
 /*
  * The i-quants below 4 bits (quant_iq.h). A sub-block of 32 is built in a register from
- * its four groups' codebook entries (one table load each) and, but for IQ1, their signs
- * (+-1 bytes from a table), which move onto the activation (_mm256_sign_epi8), so that
+ * its four groups' codebook entries (one table load each; IQ3: eight) and, but for IQ1,
+ * their signs (+-1 bytes from a table, or IQ2_S's and IQ3_S's 8-bit masks spread and
+ * tested in registers), which move onto the activation (_mm256_sign_epi8), so that
  * maddubs multiplies the unsigned magnitudes (at most 62: no saturation). Each 16 values'
  * pair sums are scaled by their 2 s + 1 in madd: the scalar kernel's integers, summed per
  * super-block and added up in its order (quant_iq_block_sum), so the result is its bits.
  * The scales are a broadcast where they sit with the signs, and otherwise one byte
- * shuffle per sub-block of the super-block's 16, made once; the 8-bit sign masks of IQ2_S and IQ3_S are spread and tested in registers. IQ1's shift adds each 16 values' (2 s + 1) times the
- * sum of their activations, each with its group's shift sign: IQ1_S's one sign per
- * sub-block takes it from the activation's sums of 16.
+ * shuffle per sub-block of the super-block's 16, made once. IQ1's shift adds each 16
+ * values' (2 s + 1) times the sum of their activations, each with its group's shift sign:
+ * IQ1_S's one sign per sub-block takes it from the activation's sums of 16. Batched
+ * decode builds each sub-block once for IQ_MA activations.
  */
-/* Activations a pass of the i-quants' batched kernel: each sub-block built once for them. */
 #define IQ_MA 4
 
 typedef struct {
@@ -743,7 +744,7 @@ static float dot_q3_k(const qblock_q3_k *x, const qblock_q8_k *y, int64_t nb)
         __m256i sumi = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 2);
         sumi = _mm256_sub_epi32(_mm256_setzero_si256(), sumi);
         __m256i hm = load256(x[i].hmask);
-#pragma GCC unroll 8
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m256i v = load256(x[i].qs + 32 * h);
             const int8_t *a = y[i].qs + 128 * h;
@@ -784,7 +785,7 @@ static float dot_q2_k(const qblock_q2_k *x, const qblock_q8_k *y, int64_t nb)
         /* the scales of each half's 8 sub-blocks in both lanes */
         const __m256i sch[2] = {_mm256_permute2x128_si256(sc16, sc16, 0x00),
                                 _mm256_permute2x128_si256(sc16, sc16, 0x11)};
-#pragma GCC unroll 8
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m256i v = load256(x[i].qs + 32 * h);
             const int8_t *a = y[i].qs + 128 * h;
@@ -1373,7 +1374,6 @@ INLINE float hmax(__m256 v)
     m = _mm_max_ss(m, _mm_movehdup_ps(m));
     return _mm_cvtss_f32(m);
 }
-
 
 /* Largest |x| over n (a multiple of 32) floats. */
 INLINE float absmax(const float *x, int n)

@@ -7,9 +7,9 @@
  * a codebook of lattice points (IQ2: 8 values each 8, 25 or 43; IQ3: two entries of 4
  * values in 8 levels; IQ1: 8 values each -1, 0 or 1, no signs, shifted by +-1/8), its
  * signs are bits beside it, and a scale field per 16 or 32 elements multiplies a
- * super-block scale. Every kernel here first unpacks a super-block into an iq_block (the
- * signed grid values as bytes and the scale fields), so the formats' bit layouts live in
- * one place (quant_iq.c) and the SIMD kernels need only multiply bytes.
+ * super-block scale. The scalar kernels here first unpack a super-block into an iq_block
+ * (the signed grid values as bytes and the scale fields); the AVX2 kernels (quant_avx2.c)
+ * read the same layouts straight into registers through quant_iq_tables.
  *
  * Results follow llama.cpp's definitions: dequantized values are its to_float's
  * arithmetic, and dot products with Q8_K activations its integer sums per super-block,
@@ -86,6 +86,9 @@ static inline float quant_iq_block_sum(uint32_t t, float dx, float dy, int32_t s
 #endif
     return term;
 }
+
+/* The constant a row's sum of quant_iq_block_sum terms is multiplied by at the end:
+ * llama.cpp's 1/8 (IQ2), 1/4 (IQ3_XXS) or 1. */
 float quant_iq_row_factor(uint32_t t);
 
 /* The scalar dot product of nb super-blocks of type t with Q8_K activations. */
@@ -93,8 +96,9 @@ float quant_iq_dot(uint32_t t, const void *x, const qblock_q8_k *y, int64_t nb);
 
 /* nb super-blocks of 256 floats into type t: for each group the codebook entry nearest
  * its values (among a few candidates around their nearest lattice point), the scales by
- * least squares. A plain reference quantizer without an importance matrix, so the bytes
- * differ from llama-quantize's and the error is larger; any reader decodes them alike. */
+ * least squares. A plain reference quantizer without an importance matrix: the bytes
+ * differ from llama-quantize's, and below 3 bits a model loses more than with its files
+ * made with one; any reader decodes them alike. */
 void quant_iq_quantize(uint32_t t, const float *src, void *dst, int64_t nb);
 
 #endif
