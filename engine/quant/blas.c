@@ -22,15 +22,21 @@ static char blas_error[ERR_MAX];
 static blas_sgemm_fn *blas_sgemm_ptr;
 static blas_core_name_fn *blas_core_name_ptr;
 
-/* Whether OpenBLAS's own detection would pass over AVX-512 that the SkylakeX kernels can
- * use: AMD processors with the AVX-512 subsets those kernels need (Intel ones are
- * detected correctly). */
-static bool blas_needs_skylakex(void)
+/* The kernels this processor's features call for: SkylakeX with the AVX-512 subsets they
+ * need, Haswell with AVX2 and FMA, NULL (OpenBLAS's own choice) otherwise. For sgemm,
+ * the only routine used, OpenBLAS's Cooperlake and SapphireRapids kernels are SkylakeX's
+ * and its Zen ones Haswell's, so naming them loses nothing where its detection is right,
+ * and fixes where it is not: AMD processors with AVX-512, and Intel ones newer than the
+ * library (Debian 12's 0.3.21 takes Emerald Rapids, family 6 model 207, for Prescott). */
+static const char *blas_core_for_cpu(bool avx2_only)
 {
     __builtin_cpu_init();
-    return __builtin_cpu_is("amd") && __builtin_cpu_supports("avx512f") &&
-           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (!avx2_only && avx2 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd") &&
+        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl"))
+        return "SkylakeX";
+    return avx2 ? "Haswell" : NULL;
 }
 
 static void blas_load(void)
@@ -40,12 +46,12 @@ static void blas_load(void)
     /* LLMS_NO_AVX512, as the quant kernels read it: measuring a CPU without AVX-512 */
     const char *no512 = getenv("LLMS_NO_AVX512");
     bool avx2_only = no512 && *no512 && strcmp(no512, "0") != 0;
-    bool set_core = (!chosen || !*chosen) && (avx2_only || blas_needs_skylakex());
-    if (set_core)
-        setenv("OPENBLAS_CORETYPE", avx2_only ? "Haswell" : "SkylakeX", 1);
+    const char *core = chosen && *chosen ? NULL : blas_core_for_cpu(avx2_only);
+    if (core)
+        setenv("OPENBLAS_CORETYPE", core, 1);
     void *lib = dlopen(BLAS_LIBRARY, RTLD_NOW | RTLD_LOCAL);
     /* the library read it while loading; children need not inherit it */
-    if (set_core)
+    if (core)
         unsetenv("OPENBLAS_CORETYPE");
     if (!lib) {
         err_set(blas_error, "OpenBLAS: %s", dlerror());

@@ -4,10 +4,12 @@
  * OpenBLAS is loaded at run time, not linked: it chooses its kernels once, while it
  * loads, from the processor it detects or from the OPENBLAS_CORETYPE variable, and
  * Debian 12's OpenBLAS (0.3.21) takes AMD processors with AVX-512 (Zen 4, Zen 5) for
- * Haswell. There its AVX2 kernels reach about 55% of its AVX-512 (SkylakeX) ones
- * (sgemm 512x2048x2048, one thread: 115 against 205 GFLOP/s), and prefill spends most
- * of its time in sgemm. Loading the library ourselves lets blas_init name the right
- * kernels before the library initialises.
+ * Haswell and Intel ones it does not know (Emerald Rapids) for Prescott. Its AVX2
+ * kernels reach about 55% of its AVX-512 (SkylakeX) ones (sgemm 512x2048x2048, one
+ * thread: 115 against 205 GFLOP/s on a Zen 4) and its Prescott ones about 22% (32
+ * against 148 on an Emerald Rapids), and prefill spends most of its time in sgemm.
+ * Loading the library ourselves lets blas_init name the kernels the processor's features
+ * call for before the library initialises.
  */
 #ifndef LLMS_BLAS_H
 #define LLMS_BLAS_H
@@ -18,9 +20,10 @@
 
 /* Loads OpenBLAS (once; later calls return the first call's result) and makes its own
  * threading single, as the engine runs it on its own threads. -1 with err when the
- * library or a symbol is missing. Call it before other threads exist: it may set
- * OPENBLAS_CORETYPE for the moment the library loads (to Haswell when LLMS_NO_AVX512 is
- * set to a value other than "0" and the variable is not set already). */
+ * library or a symbol is missing. Call it before other threads exist: unless the
+ * variable is set already, it sets OPENBLAS_CORETYPE for the moment the library loads,
+ * to SkylakeX where the CPU has AVX-512 F/DQ/CD/BW/VL, else to Haswell where it has AVX2
+ * and FMA (Haswell also when LLMS_NO_AVX512 is set to a value other than "0"). */
 int blas_init(char err[ERR_MAX]);
 
 /* The kernels OpenBLAS runs ("Haswell", "SkylakeX", ...); "" before blas_init. */

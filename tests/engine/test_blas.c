@@ -65,16 +65,26 @@ static void a_named_core_stands(void)
     CHECK_MSG(strcmp(out, "Haswell\n") == 0, "got '%s'", out);
 }
 
-static void amd_with_avx512_gets_avx512_kernels(void)
+/* The kernels the CPU's features call for, whatever OpenBLAS's own detection makes of
+ * it (AMD with AVX-512 it takes for Haswell, Intel newer than it for Prescott); with
+ * LLMS_NO_AVX512 the AVX2 ones. */
+static void kernels_follow_the_cpu_features(void)
 {
     __builtin_cpu_init();
-    if (!__builtin_cpu_is("amd") || !__builtin_cpu_supports("avx512f") ||
-        !__builtin_cpu_supports("avx512bw") || !__builtin_cpu_supports("avx512vl") ||
-        !__builtin_cpu_supports("avx512dq") || !__builtin_cpu_supports("avx512cd"))
-        SKIP("this CPU is not an AMD one with AVX-512: nothing to override");
+    bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    bool avx512 = avx2 && __builtin_cpu_supports("avx512f") &&
+                  __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                  __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd");
+    if (!avx2)
+        SKIP("this CPU has no AVX2/FMA: OpenBLAS's own choice stands");
     char out[64];
     CHECK_EQ(core_of_child("", out, sizeof out), 0);
-    CHECK_MSG(strcmp(out, "SkylakeX\n") == 0, "got '%s'", out);
+    CHECK_MSG(strcmp(out, avx512 ? "SkylakeX\n" : "Haswell\n") == 0, "got '%s'", out);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "env -u OPENBLAS_CORETYPE LLMS_NO_AVX512=1 /proc/%d/exe --print-core",
+             (int)getpid());
+    CHECK_EQ(test_run_capture(cmd, out, sizeof out), 0);
+    CHECK_MSG(strcmp(out, "Haswell\n") == 0, "LLMS_NO_AVX512: got '%s'", out);
 }
 
 int main(int argc, char **argv)
@@ -90,6 +100,6 @@ int main(int argc, char **argv)
     }
     RUN(sgemm_matches_a_naive_product);
     RUN(a_named_core_stands);
-    RUN(amd_with_avx512_gets_avx512_kernels);
+    RUN(kernels_follow_the_cpu_features);
     return test_finish();
 }
