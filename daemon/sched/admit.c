@@ -135,6 +135,15 @@ static bool is_engine_request(Llms__Request__BodyCase body)
     }
 }
 
+bool admit_job_needs_engine(const sched_job *j)
+{
+    if (j->kind == SCHED_SHUTDOWN)
+        return true;
+    if (j->kind != SCHED_REQUEST)
+        return false;
+    return is_engine_request(j->req->body_case);
+}
+
 /* Writes "a, b" (the generate models' names) into buf. */
 static void gm_names(const sched *s, char *buf, size_t cap)
 {

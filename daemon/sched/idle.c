@@ -24,13 +24,16 @@ static bool pred_idle(const sched *s, int64_t now)
 }
 
 /* Whether the queue is empty; then the preempt flag is lowered for an idle-time forward
- * (a job submitted from now on raises it again). */
+ * (a job submitted from now on raises it again: any job, or only one that needs the
+ * engine when the last idle-time forward was given up). */
 static bool idle_claim(sched *s)
 {
     pthread_mutex_lock(&s->lock);
     bool queued = s->in_head != NULL;
-    if (!queued)
+    if (!queued) {
         atomic_store(&s->idle_preempt, false);
+        s->idle_shielded = s->idle_given_up;
+    }
     pthread_mutex_unlock(&s->lock);
     return !queued;
 }
@@ -102,7 +105,7 @@ static bool calib_run(sched *s)
         return false;
     model_runner_set_background(gm->runner, true);
     model_runner_set_abort(gm->runner, &s->idle_preempt);
-    ctx_calib_idle_step(gm->cm);
+    s->idle_given_up = ctx_calib_idle_step(gm->cm) == MODEL_ABORTED;
     model_runner_set_abort(gm->runner, NULL);
     model_runner_set_background(gm->runner, false);
     return true;
@@ -220,6 +223,7 @@ static void pred_run(sched *s)
     work *w = s->pred;
     int64_t t0 = clock_mono_ns();
     int n_seq = sched_step_alone(s, w, w->gm->step_tokens, &s->idle_preempt);
+    s->idle_given_up = n_seq < 0;
     if (n_seq < 0) {
         predict_count_ms(s->predict, (double)(clock_mono_ns() - t0) / 1e6);
         return;
@@ -239,6 +243,7 @@ void idle_run(sched *s)
 void idle_end(sched *s)
 {
     s->last_req_ns = clock_mono_ns();
+    s->idle_given_up = false;
     predict_idle_end(s->predict);
     if (s->pred && !s->pred_paused) {
         s->pred_paused = true;

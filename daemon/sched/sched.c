@@ -721,7 +721,8 @@ void sched_submit(sched *s, sched_job *j)
     else
         s->in_head = j;
     s->in_tail = j;
-    atomic_store(&s->idle_preempt, true);
+    if (!s->idle_shielded || admit_job_needs_engine(j))
+        atomic_store(&s->idle_preempt, true);
     pthread_cond_signal(&s->wake);
     pthread_mutex_unlock(&s->lock);
 }

@@ -209,6 +209,13 @@ struct sched {
      * forward runs again later). Set by sched_submit, cleared by idle_claim under lock
      * with the queue empty. */
     _Atomic bool idle_preempt;
+    /* Jobs that need no forward (Status, cache statistics, a connection's news) stop an
+     * idle-time forward too, for their answer's sake, but not twice in a row: a forward
+     * that one stopped runs the next time shielded from them (idle_claim), so idle-time
+     * work moves on however often a monitor polls. */
+    bool idle_shielded;    /* the idle-time forward running stops for engine jobs only
+                              (under lock) */
+    bool idle_given_up;    /* the last idle-time forward stopped before its end (worker) */
     bool pred_cached;      /* the predicted query just begun had nothing to compute */
     predict_task pred_task;
     sched_job pred_job;    /* its request, built in place (idle.c) */
@@ -292,6 +299,10 @@ void admit_app_reclaim(sched *s, app_state *a);
 
 /* A job's deadline (CLOCK_MONOTONIC), 0 when it has no timeout. */
 int64_t admit_job_deadline(const sched_job *j);
+
+/* Whether a job needs the engine (a request that runs forwards, or shutdown): such a job
+ * always stops an idle-time forward (sched_submit); the rest are answered between them. */
+bool admit_job_needs_engine(const sched_job *j);
 
 /* One job of the inbox: a request queued (when it uses the engine) or answered, news of
  * a connection, a stored response to write or delete, or shutdown. Frees the job. */
