@@ -16,6 +16,10 @@
  * vectors, written under DIR (default build/bench-ivf); without it the FAISS fields are
  * null and a message says why.
  *
+ * Training in slices: the same training in steps of 256 rows, then the vectors added 256
+ * at a time, as llmsd builds an index in idle time: the median and longest slice (how
+ * long a request that comes waits) and the whole against one run.
+ *
  * Similarity-aware search: each query's request retrieved before with a nearby query
  * (the query plus noise of a tenth of its length, k 20); the lists of those results are
  * its hints. The batch is searched plainly, with the early stop alone and with the
@@ -354,6 +358,81 @@ static int parse(int argc, char **argv, options *o)
     return 0;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+typedef struct {
+    const float *base;
+    int dim;
+} base_rows;
+
+static void base_row(void *arg, int64_t i, float *out)
+{
+    const base_rows *r = arg;
+    memcpy(out, r->base + (size_t)i * r->dim, sizeof *out * (size_t)r->dim);
+}
+
+/* Training and adding in slices of 256 rows, as llmsd builds an index in idle time
+ * (stopping between two slices when a request comes): how long a slice takes, which is
+ * how long a request can wait, and the whole against one run's train_s. */
+static int train_in_slices(const float *base, const options *o, double train_s, char *err)
+{
+    enum { SLICE = 256 };
+    ivf *ix = ivf_new(o->dim, err);
+    ivf_train_params tp = {.nlist = o->nlist, .seed = 1};
+    base_rows r = {base, o->dim};
+    ivf_trainer *t = ix ? ivf_trainer_new(ix, o->n, &tp, base_row, &r, err) : NULL;
+    int64_t n_slices = 0, cap = 10 * ((o->n + SLICE - 1) / SLICE) + 16;
+    double *ms = malloc(sizeof *ms * (size_t)cap);
+    int64_t *ids = malloc(sizeof *ids * SLICE);
+    if (!t || !ms || !ids) {
+        if (ix && t)
+            err_set(err, "out of memory");
+        free(ms);
+        free(ids);
+        ivf_trainer_free(t);
+        ivf_free(ix);
+        return -1;
+    }
+    double t0 = bench_now_s(), add_max = 0;
+    int rc;
+    do {
+        double s0 = bench_now_s();
+        rc = ivf_trainer_step(t, SLICE, err);
+        if (n_slices < cap)
+            ms[n_slices++] = (bench_now_s() - s0) * 1e3;
+    } while (rc == 0);
+    double stepped_s = bench_now_s() - t0;
+    for (int64_t i0 = 0; rc == 1 && i0 < o->n; i0 += SLICE) {
+        int64_t m = o->n - i0 < SLICE ? o->n - i0 : SLICE;
+        for (int64_t i = 0; i < m; i++)
+            ids[i] = i0 + i;
+        double s0 = bench_now_s();
+        if (ivf_add(ix, ids, base + (size_t)i0 * o->dim, m, o->dim, err))
+            rc = -1;
+        double a = (bench_now_s() - s0) * 1e3;
+        add_max = a > add_max ? a : add_max;
+    }
+    if (rc == 1) {
+        qsort(ms, (size_t)n_slices, sizeof *ms, cmp_double);
+        printf("{\"bench\":\"ivf_train_in_slices\",\"n\":%lld,\"dim\":%d,\"nlist\":%d,"
+               "\"slice_rows\":%d,\"slices\":%lld,\"slice_ms_median\":%.2f,"
+               "\"slice_ms_max\":%.2f,\"add_slice_ms_max\":%.2f,\"train_s\":%.2f,"
+               "\"ratio_to_one_run\":%.3f}\n",
+               (long long)o->n, o->dim, o->nlist, SLICE, (long long)n_slices,
+               ms[n_slices / 2], ms[n_slices - 1], add_max, stepped_s, stepped_s / train_s);
+        fflush(stdout);
+    }
+    free(ms);
+    free(ids);
+    ivf_trainer_free(t);
+    ivf_free(ix);
+    return rc == 1 ? 0 : -1;
+}
+
 int main(int argc, char **argv)
 {
     options o;
@@ -426,6 +505,11 @@ int main(int argc, char **argv)
     else
         printf("null,\"faiss_add_s\":null}\n");
     fflush(stdout);
+
+    if (train_in_slices(base, &o, train_s, err)) {
+        fprintf(stderr, "ivf: %s\n", err);
+        return 1;
+    }
 
     static const int nprobes[] = {1, 8, 32};
     for (size_t pi = 0; pi < sizeof nprobes / sizeof nprobes[0]; pi++)

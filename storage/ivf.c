@@ -159,32 +159,43 @@ static int lists_alloc(ivf *ix, int nlist, char *err)
  * OpenBLAS does not load). Which lists a vector joins or a query probes needs no
  * particular rounding, and the early stop's bounds leave room for any.
  */
-static void centroid_scores(const ivf *ix, const float *vecs, int m, float *scores)
+static void score_centroids(const float *centroids, int nlist, int dim, const float *vecs,
+                            int m, float *scores)
 {
     char no_blas[ERR_MAX];
     if (m >= IVF_SGEMM_MIN_ROWS && blas_init(no_blas) == 0)
-        blas_sgemm(true, m, ix->nlist, ix->dim, 1.0f, vecs, ix->dim, ix->centroids, ix->dim,
-                   0.0f, scores, ix->nlist);
+        blas_sgemm(true, m, nlist, dim, 1.0f, vecs, dim, centroids, dim, 0.0f, scores, nlist);
     else
-        vdist_dot(vecs, m, ix->centroids, ix->nlist, ix->dim, scores, (size_t)ix->nlist);
+        vdist_dot(vecs, m, centroids, nlist, dim, scores, (size_t)nlist);
 }
 
-/* best[i] = the centroid scoring best with vecs row i, for n rows; scores holds
- * (IVF_ASSIGN_BLOCK, nlist) floats. */
-static void assign(const ivf *ix, const float *vecs, int64_t n, int32_t *best, float *scores)
+static void centroid_scores(const ivf *ix, const float *vecs, int m, float *scores)
+{
+    score_centroids(ix->centroids, ix->nlist, ix->dim, vecs, m, scores);
+}
+
+/* best[i] = the one of nlist centroids scoring best with vecs row i, for n rows; scores
+ * holds (IVF_ASSIGN_BLOCK, nlist) floats. */
+static void assign_to(const float *centroids, int nlist, int dim, const float *vecs,
+                      int64_t n, int32_t *best, float *scores)
 {
     for (int64_t i0 = 0; i0 < n; i0 += IVF_ASSIGN_BLOCK) {
         int m = n - i0 < IVF_ASSIGN_BLOCK ? (int)(n - i0) : IVF_ASSIGN_BLOCK;
-        centroid_scores(ix, vecs + (size_t)i0 * ix->dim, m, scores);
+        score_centroids(centroids, nlist, dim, vecs + (size_t)i0 * dim, m, scores);
         for (int i = 0; i < m; i++) {
-            const float *row = scores + (size_t)i * ix->nlist;
+            const float *row = scores + (size_t)i * nlist;
             int32_t b = 0;
-            for (int c = 1; c < ix->nlist; c++)
+            for (int c = 1; c < nlist; c++)
                 if (row[c] > row[b])
                     b = c;
             best[i0 + i] = b;
         }
     }
+}
+
+static void assign(const ivf *ix, const float *vecs, int64_t n, int32_t *best, float *scores)
+{
+    assign_to(ix->centroids, ix->nlist, ix->dim, vecs, n, best, scores);
 }
 
 static uint64_t next_rand(uint64_t *s)
@@ -196,82 +207,181 @@ static uint64_t next_rand(uint64_t *s)
     return z ^ (z >> 31);
 }
 
+struct ivf_trainer {
+    ivf *ix;           /* gets the centroids when the last iteration ends */
+    int dim, nlist, iters;
+    int64_t m;         /* sample rows */
+    float *sample;     /* (m, dim) */
+    float *centroids;  /* (nlist, dim) unit length: the last iteration's */
+    int32_t *best;     /* (IVF_ASSIGN_BLOCK) a block's lists */
+    float *scores;     /* (IVF_ASSIGN_BLOCK, nlist) */
+    int64_t *count;    /* (nlist) the iteration's members so far */
+    double *sum;       /* (nlist, dim) their sums */
+    uint64_t rs;       /* the random state, for lists that end empty */
+    int it;            /* the iteration under way */
+    int64_t at;        /* its next sample row, a multiple of IVF_ASSIGN_BLOCK */
+};
+
+void ivf_trainer_free(ivf_trainer *t)
+{
+    if (!t)
+        return;
+    free(t->sample);
+    free(t->centroids);
+    free(t->best);
+    free(t->scores);
+    free(t->count);
+    free(t->sum);
+    free(t);
+}
+
+ivf_trainer *ivf_trainer_new(ivf *ix, int64_t n, const ivf_train_params *p, ivf_row_fn row,
+                             void *arg, char err[ERR_MAX])
+{
+    int dim = ix->dim;
+    if (ix->nlist) {
+        err_set(err, "ivf: the index is trained already");
+        return NULL;
+    }
+    if (p->nlist < 1 || p->nlist > IVF_NLIST_MAX) {
+        err_set(err, "ivf: nlist %d out of range 1..%d", p->nlist, IVF_NLIST_MAX);
+        return NULL;
+    }
+    if (n < p->nlist) {
+        err_set(err, "ivf: %lld training vectors for %d lists", (long long)n, p->nlist);
+        return NULL;
+    }
+    int64_t per = p->max_points_per_list > 0 ? p->max_points_per_list : IVF_DEFAULT_POINTS_PER_LIST;
+    ivf_trainer *t = calloc(1, sizeof *t);
+    int64_t *pick = malloc(sizeof *pick * (size_t)n);
+    if (!t || !pick)
+        goto oom;
+    t->ix = ix;
+    t->dim = dim;
+    t->nlist = p->nlist;
+    t->iters = p->iters > 0 ? p->iters : IVF_DEFAULT_ITERS;
+    t->m = (int64_t)p->nlist * per < n ? (int64_t)p->nlist * per : n;
+    t->sample = malloc(sizeof *t->sample * (size_t)t->m * dim);
+    t->centroids = malloc(sizeof *t->centroids * (size_t)p->nlist * dim);
+    t->best = malloc(sizeof *t->best * IVF_ASSIGN_BLOCK);
+    t->scores = malloc(sizeof *t->scores * (size_t)IVF_ASSIGN_BLOCK * p->nlist);
+    t->count = calloc((size_t)p->nlist, sizeof *t->count);
+    t->sum = calloc((size_t)p->nlist * dim, sizeof *t->sum);
+    if (!t->sample || !t->centroids || !t->best || !t->scores || !t->count || !t->sum)
+        goto oom;
+    /* the sample: the first m of a seeded partial shuffle of the row numbers */
+    t->rs = p->seed;
+    for (int64_t i = 0; i < n; i++)
+        pick[i] = i;
+    for (int64_t i = 0; i < t->m; i++) {
+        int64_t j = i + (int64_t)(next_rand(&t->rs) % (uint64_t)(n - i));
+        int64_t x = pick[i];
+        pick[i] = pick[j];
+        pick[j] = x;
+        row(arg, pick[i], t->sample + (size_t)i * dim);
+    }
+    free(pick);
+    if (!all_finite(t->sample, (size_t)t->m * dim)) {
+        err_set(err, "ivf: training vectors hold a value that is not finite");
+        ivf_trainer_free(t);
+        return NULL;
+    }
+    /* the first nlist of the sample start as centroids */
+    for (int c = 0; c < p->nlist; c++) {
+        memcpy(t->centroids + (size_t)c * dim, t->sample + (size_t)c * dim,
+               sizeof *t->sample * dim);
+        vdist_normalize(t->centroids + (size_t)c * dim, dim);
+    }
+    return t;
+oom:
+    free(pick);
+    ivf_trainer_free(t);
+    err_set(err, "out of memory");
+    return NULL;
+}
+
+/* Ends an iteration: each centroid becomes the unit-length mean of its members. */
+static void trainer_update_centroids(ivf_trainer *t)
+{
+    int dim = t->dim;
+    for (int c = 0; c < t->nlist; c++) {
+        float *ce = t->centroids + (size_t)c * dim;
+        if (t->count[c] == 0) {
+            /* an empty list restarts from a random sample vector */
+            memcpy(ce, t->sample + (size_t)(next_rand(&t->rs) % (uint64_t)t->m) * dim,
+                   sizeof *ce * dim);
+        } else {
+            for (int d = 0; d < dim; d++)
+                ce[d] = (float)t->sum[(size_t)c * dim + d];
+        }
+        vdist_normalize(ce, dim);
+    }
+    memset(t->count, 0, sizeof *t->count * (size_t)t->nlist);
+    memset(t->sum, 0, sizeof *t->sum * (size_t)t->nlist * dim);
+}
+
+int ivf_trainer_step(ivf_trainer *t, int64_t rows, char err[ERR_MAX])
+{
+    int dim = t->dim;
+    int64_t done = 0;
+    /* whole blocks from the iteration's start, so that every block is scored as in one
+     * run whatever the steps */
+    while (t->it < t->iters && done < rows) {
+        int64_t m = t->m - t->at < IVF_ASSIGN_BLOCK ? t->m - t->at : IVF_ASSIGN_BLOCK;
+        const float *x = t->sample + (size_t)t->at * dim;
+        assign_to(t->centroids, t->nlist, dim, x, m, t->best, t->scores);
+        for (int64_t i = 0; i < m; i++) {
+            t->count[t->best[i]]++;
+            double *s = t->sum + (size_t)t->best[i] * dim;
+            for (int d = 0; d < dim; d++)
+                s[d] += x[(size_t)i * dim + d];
+        }
+        t->at += m;
+        done += m;
+        if (t->at == t->m) {
+            trainer_update_centroids(t);
+            t->at = 0;
+            t->it++;
+        }
+    }
+    if (t->it < t->iters)
+        return 0;
+    if (!t->ix->nlist) {
+        if (lists_alloc(t->ix, t->nlist, err))
+            return -1;
+        memcpy(t->ix->centroids, t->centroids, sizeof *t->centroids * (size_t)t->nlist * dim);
+    }
+    return 1;
+}
+
+/* ivf_train's rows: a copy of row i of the floats it was given. */
+typedef struct {
+    const float *vecs;
+    int dim;
+} float_rows;
+
+static void float_row(void *arg, int64_t i, float *out)
+{
+    const float_rows *r = arg;
+    memcpy(out, r->vecs + (size_t)i * r->dim, sizeof *out * r->dim);
+}
+
 int ivf_train(ivf *ix, const float *vecs, int64_t n, int dim, const ivf_train_params *p,
               char err[ERR_MAX])
 {
     if (dim != ix->dim)
         return err_set(err, "ivf: vectors of %d floats for an index of %d", dim, ix->dim);
-    if (ix->nlist)
-        return err_set(err, "ivf: the index is trained already");
-    if (p->nlist < 1 || p->nlist > IVF_NLIST_MAX)
-        return err_set(err, "ivf: nlist %d out of range 1..%d", p->nlist, IVF_NLIST_MAX);
-    if (n < p->nlist)
-        return err_set(err, "ivf: %lld training vectors for %d lists", (long long)n, p->nlist);
     if (!all_finite(vecs, (size_t)n * dim))
         return err_set(err, "ivf: training vectors hold a value that is not finite");
-    int iters = p->iters > 0 ? p->iters : IVF_DEFAULT_ITERS;
-    int64_t per = p->max_points_per_list > 0 ? p->max_points_per_list : IVF_DEFAULT_POINTS_PER_LIST;
-    int64_t m = (int64_t)p->nlist * per < n ? (int64_t)p->nlist * per : n;
-
-    /* the sample: the first m of a seeded partial shuffle of the row numbers */
-    int64_t *pick = malloc(sizeof *pick * (size_t)n);
-    float *sample = malloc(sizeof *sample * (size_t)m * dim);
-    int32_t *best = malloc(sizeof *best * (size_t)m);
-    int64_t *count = malloc(sizeof *count * (size_t)p->nlist);
-    double *sum = malloc(sizeof *sum * (size_t)p->nlist * dim);
-    float *scores = malloc(sizeof *scores * (size_t)IVF_ASSIGN_BLOCK * p->nlist);
-    int rc = 0;
-    if (!pick || !sample || !best || !count || !sum || !scores || lists_alloc(ix, p->nlist, err)) {
-        rc = err_set(err, "out of memory");
-        goto out;
-    }
-    uint64_t rs = p->seed;
-    for (int64_t i = 0; i < n; i++)
-        pick[i] = i;
-    for (int64_t i = 0; i < m; i++) {
-        int64_t j = i + (int64_t)(next_rand(&rs) % (uint64_t)(n - i));
-        int64_t t = pick[i];
-        pick[i] = pick[j];
-        pick[j] = t;
-        memcpy(sample + (size_t)i * dim, vecs + (size_t)pick[i] * dim, sizeof *sample * dim);
-    }
-    /* the first nlist of the sample start as centroids */
-    for (int c = 0; c < p->nlist; c++) {
-        memcpy(ix->centroids + (size_t)c * dim, sample + (size_t)c * dim, sizeof *sample * dim);
-        vdist_normalize(ix->centroids + (size_t)c * dim, dim);
-    }
-    for (int it = 0; it < iters; it++) {
-        assign(ix, sample, m, best, scores);
-        memset(count, 0, sizeof *count * (size_t)p->nlist);
-        memset(sum, 0, sizeof *sum * (size_t)p->nlist * dim);
-        for (int64_t i = 0; i < m; i++) {
-            count[best[i]]++;
-            double *s = sum + (size_t)best[i] * dim;
-            const float *x = sample + (size_t)i * dim;
-            for (int t = 0; t < dim; t++)
-                s[t] += x[t];
-        }
-        for (int c = 0; c < p->nlist; c++) {
-            float *ce = ix->centroids + (size_t)c * dim;
-            if (count[c] == 0) {
-                /* an empty list restarts from a random sample vector */
-                memcpy(ce, sample + (size_t)(next_rand(&rs) % (uint64_t)m) * dim,
-                       sizeof *ce * dim);
-            } else {
-                for (int t = 0; t < dim; t++)
-                    ce[t] = (float)sum[(size_t)c * dim + t];
-            }
-            vdist_normalize(ce, dim);
-        }
-    }
-out:
-    free(pick);
-    free(sample);
-    free(best);
-    free(count);
-    free(sum);
-    free(scores);
-    return rc;
+    float_rows r = {vecs, dim};
+    ivf_trainer *t = ivf_trainer_new(ix, n, p, float_row, &r, err);
+    if (!t)
+        return -1;
+    int rc;
+    while ((rc = ivf_trainer_step(t, INT64_MAX, err)) == 0)
+        ;
+    ivf_trainer_free(t);
+    return rc < 0 ? -1 : 0;
 }
 
 /* Widens list c's bounds to cover its member q * scale. */

@@ -80,6 +80,21 @@ typedef struct ivf_train_params {
 int ivf_train(ivf *ix, const float *vecs, int64_t n, int dim, const ivf_train_params *p,
               char err[ERR_MAX]);
 
+/* Training in steps, for a caller that must stay responsive (llmsd trains in idle time
+ * and stops for a request: a whole training of 200k vectors takes tens of seconds).
+ * ivf_trainer_new takes the sample (row writes row i of the n training vectors, dim
+ * floats, into out; only the sampled rows are asked for), each ivf_trainer_step assigns
+ * about rows sample rows (whole blocks of 256) and returns 1 once the last iteration
+ * ended and ix has its centroids, 0 while there is more, -1 with err. The centroids are
+ * ivf_train's, however the work is split. ix stays untrained until the end; it must
+ * outlive the trainer and not change meanwhile. */
+typedef struct ivf_trainer ivf_trainer;
+typedef void (*ivf_row_fn)(void *arg, int64_t i, float *out);
+ivf_trainer *ivf_trainer_new(ivf *ix, int64_t n, const ivf_train_params *p, ivf_row_fn row,
+                             void *arg, char err[ERR_MAX]);
+int ivf_trainer_step(ivf_trainer *t, int64_t rows, char err[ERR_MAX]);
+void ivf_trainer_free(ivf_trainer *t);
+
 /* Adds vecs (n, dim) with their ids (should be unique: a duplicate is found twice) to a
  * trained index, quantized (store_vec_quantize). Non-finite values are refused, and then
  * nothing is added. */

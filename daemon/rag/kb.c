@@ -21,6 +21,10 @@
 #define KB_RRF_K 60.0f   /* reciprocal rank fusion's constant (Cormack et al.) */
 #define KB_CAND KB_CAND_MAX
 #define KB_HITS_MAX 64
+/* Rows of k-means assignment, or of vectors added, between two looks at the stop flag
+ * while an index is built in idle time: 5-15 ms of work from 100k to 1M 384-d vectors
+ * (4 sqrt(n) lists), so a request that comes waits about that long. */
+#define KB_IVF_SLICE_ROWS 256
 
 /* A knowledge base's vectors in memory. */
 typedef struct kb_vecs {
@@ -35,6 +39,11 @@ typedef struct kb_vecs {
     ivf *index;         /* from kb_ivf_min_passages passages on, once searched; else NULL */
     int64_t searches;   /* IVF searches since its hot copy was last refreshed */
     bool train_pending; /* its index is to be trained in idle time; exact search till then */
+    bool train_failed;  /* training failed: exact search until the next change */
+    /* the index being built in idle time, a slice at a time (kb_ivf_train_idle) */
+    ivf *building;         /* NULL: not begun */
+    ivf_trainer *trainer;  /* building's k-means; NULL once its centroids are set */
+    int64_t added;         /* rows of ids/q/scale added to building since */
     struct kb_vecs *next;
 } kb_vecs;
 
@@ -65,6 +74,8 @@ static void vecs_free(kb_vecs *v)
     free(v->scale);
     free(v->query);
     ivf_free(v->index);
+    ivf_trainer_free(v->trainer);
+    ivf_free(v->building);
     free(v);
 }
 
@@ -581,57 +592,48 @@ out:
     return rc;
 }
 
-/* v's IVF index into *out: kept, or loaded and brought up to date, or (with train)
- * (re)built; saved when it changed. Without train an index that needs training is left
- * for idle time (v->train_pending) and *out is NULL. */
-static int index_of(kbm *k, kb_vecs *v, bool train, ivf **out, char *err)
+/* Saves ix as v's index and makes it the one searched. */
+static int index_keep(kbm *k, kb_vecs *v, ivf *ix, char *err)
+{
+    char name[32];
+    snprintf(name, sizeof name, "kb:%lld", (long long)v->kb_id);
+    if (ivf_save(k->env.st, v->app_id, name, ix, err))
+        return -1;
+    v->index = ix;
+    v->train_pending = false;
+    return 0;
+}
+
+/* v's IVF index into *out: kept, or loaded and brought up to date (and saved). One that
+ * must be trained (none stored, it does not load, or the passages call for twice its
+ * lists) is left for idle time (v->train_pending), and *out is NULL. */
+static int index_of(kbm *k, kb_vecs *v, ivf **out, char *err)
 {
     *out = v->index;
-    if (v->index)
+    if (v->index || v->train_pending || v->train_failed)
         return 0;
     char name[32];
     snprintf(name, sizeof name, "kb:%lld", (long long)v->kb_id);
     ivf *ix = NULL;
     bool found;
     char load_err[ERR_MAX];
-    int want = ivf_lists_for(v->n);
     ivf_rows rows = {v->ids, v->q, v->scale, v->n, v->dim};
     /* the index is derived data: one that does not load, or no longer fits, is rebuilt */
     if (ivf_load(k->env.st, v->app_id, name, &rows, &ix, &found, load_err) == 0 && found &&
-        (ivf_dim(ix) != v->dim || want >= 2 * ivf_nlist(ix))) {
+        (ivf_dim(ix) != v->dim || ivf_lists_for(v->n) >= 2 * ivf_nlist(ix))) {
         ivf_free(ix);
         ix = NULL;
     }
-    if (ix) {
-        if (index_sync(ix, v, err))
-            goto fail;
-    } else if (!train) {
+    if (!ix) {
         v->train_pending = true;
         return 0;
-    } else {
-        ivf_train_params tp = {.nlist = want, .seed = (uint64_t)v->kb_id};
-        float *all = malloc(sizeof *all * (size_t)v->n * v->dim);
-        if (!all) {
-            err_set(err, "out of memory");
-            goto fail;
-        }
-        vecs_widen(v, 0, v->n, all);
-        int rc = !(ix = ivf_new(v->dim, err)) || ivf_train(ix, all, v->n, v->dim, &tp, err) ||
-                 ivf_add_q8(ix, v->ids, v->q, v->scale, v->n, v->dim, err);
-        free(all);
-        if (rc)
-            goto fail;
-        k->ivf_stats.trained++;
     }
-    if (ivf_save(k->env.st, v->app_id, name, ix, err))
-        goto fail;
-    v->index = ix;
-    v->train_pending = false;
+    if (index_sync(ix, v, err) || index_keep(k, v, ix, err)) {
+        ivf_free(ix);
+        return -1;
+    }
     *out = ix;
     return 0;
-fail:
-    ivf_free(ix);
-    return -1;
 }
 
 bool kb_ivf_train_pending(const kbm *k)
@@ -642,15 +644,65 @@ bool kb_ivf_train_pending(const kbm *k)
     return false;
 }
 
-void kb_ivf_train_idle(kbm *k)
+/* The trainer's row i: v's vector i as floats. */
+static void vecs_row(void *arg, int64_t i, float *out)
+{
+    vecs_widen(arg, (int)i, 1, out);
+}
+
+/* Builds v's index in slices of KB_IVF_SLICE_ROWS rows (k-means, then adding every
+ * vector), until the index is saved and searched (1), stop is raised (0: the next call
+ * goes on from there), or an error (-1). */
+static int index_build(kbm *k, kb_vecs *v, const _Atomic bool *stop, char *err)
+{
+    if (!v->building) {
+        ivf_train_params tp = {.nlist = ivf_lists_for(v->n), .seed = (uint64_t)v->kb_id};
+        if (!(v->building = ivf_new(v->dim, err)))
+            return -1;
+        if (!(v->trainer = ivf_trainer_new(v->building, v->n, &tp, vecs_row, v, err)))
+            return -1;
+        v->added = 0;
+    }
+    while (v->trainer) {
+        if (stop && atomic_load(stop))
+            return 0;
+        int rc = ivf_trainer_step(v->trainer, KB_IVF_SLICE_ROWS, err);
+        if (rc < 0)
+            return -1;
+        if (rc == 1) {
+            ivf_trainer_free(v->trainer);
+            v->trainer = NULL;
+        }
+    }
+    while (v->added < v->n) {
+        if (stop && atomic_load(stop))
+            return 0;
+        int64_t a = v->added, take = v->n - a < KB_IVF_SLICE_ROWS ? v->n - a : KB_IVF_SLICE_ROWS;
+        if (ivf_add_q8(v->building, v->ids + a, v->q + (size_t)a * v->dim, v->scale + a, take,
+                       v->dim, err))
+            return -1;
+        v->added += take;
+    }
+    if (index_keep(k, v, v->building, err))
+        return -1;
+    v->building = NULL;
+    k->ivf_stats.trained++;
+    return 1;
+}
+
+void kb_ivf_train_idle(kbm *k, const _Atomic bool *stop)
 {
     char err[ERR_MAX];
     for (kb_vecs *v = k->cache; v; v = v->next)
         if (v->train_pending) {
-            ivf *ix;
-            if (index_of(k, v, true, &ix, err)) {
+            if (index_build(k, v, stop, err) < 0) {
                 /* searched exactly until the next change of the knowledge base */
                 v->train_pending = false;
+                v->train_failed = true;
+                ivf_trainer_free(v->trainer);
+                ivf_free(v->building);
+                v->trainer = NULL;
+                v->building = NULL;
                 if (reqlog_enabled(REQLOG_WARN))
                     fprintf(stderr, "llmsd: warn: knowledge base %lld: IVF index: %s\n",
                             (long long)v->kb_id, err);
@@ -683,7 +735,7 @@ static int index_search(kbm *k, const kb_ref *kb, kb_vecs *v, const float *qvec,
                         kb_hints *hints, kb_hit *hits, int *n, char *err)
 {
     ivf *ix;
-    if (index_of(k, v, false, &ix, err))
+    if (index_of(k, v, &ix, err))
         return -1;
     if (!ix) {
         exact_search(v, qvec, cand, hits, n);

@@ -35,6 +35,7 @@
 #ifndef LLMS_KB_H
 #define LLMS_KB_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -198,9 +199,12 @@ bool kb_ivf_hot_stale(const kbm *k);
 /* Training off the request path: a knowledge base whose passages call for an IVF index
  * that must be trained (none stored, or one that no longer fits) is searched by brute
  * force (exact: the index only trades recall for speed) until the scheduler, in idle
- * time, trains it with kb_ivf_train_idle (one index per call). */
+ * time, has built it with kb_ivf_train_idle: one index at a time, its k-means and then
+ * its vectors' lists a slice of rows at a time, until the index is saved or *stop is
+ * raised (a request came: the next call goes on where this one stopped; a change of the
+ * knowledge base drops the work done). stop may be NULL (build to the end). */
 bool kb_ivf_train_pending(const kbm *k);
-void kb_ivf_train_idle(kbm *k);
+void kb_ivf_train_idle(kbm *k, const _Atomic bool *stop);
 
 /* Called after every committed change of kb. A KbAdd passes first_new: every passage of
  * kb with an id >= first_new is new (a new row's id is above every id present), so cached

@@ -23,16 +23,17 @@ static bool pred_idle(const sched *s, int64_t now)
     return predict_enabled(s->predict) && sched_idle(s, now);
 }
 
-/* Whether the queue is empty; then the preempt flag is lowered for an idle-time forward
- * (a job submitted from now on raises it again: any job, or only one that needs the
- * engine when the last idle-time forward was given up). */
-static bool idle_claim(sched *s)
+/* Whether the queue is empty; then the preempt flag is lowered for idle-time work (a
+ * job submitted from now on raises it again: any job, or for a forward only one that
+ * needs the engine when the last idle-time forward was given up; work that keeps what
+ * it did when it stops, such as IVF training, stops for any job). */
+static bool idle_claim(sched *s, bool forward)
 {
     pthread_mutex_lock(&s->lock);
     bool queued = s->in_head != NULL;
     if (!queued) {
         atomic_store(&s->idle_preempt, false);
-        s->idle_shielded = s->idle_given_up;
+        s->idle_shielded = forward && s->idle_given_up;
     }
     pthread_mutex_unlock(&s->lock);
     return !queued;
@@ -40,9 +41,9 @@ static bool idle_claim(sched *s)
 
 /* Whether one-off idle-time work (not prediction's) may run now: the daemon is idle, no
  * prediction task is half done, and the queue is empty (the preempt flag lowered). */
-static bool idle_turn(sched *s)
+static bool idle_turn(sched *s, bool forward)
 {
-    return sched_idle(s, clock_mono_ns()) && !s->pred && idle_claim(s);
+    return sched_idle(s, clock_mono_ns()) && !s->pred && idle_claim(s, forward);
 }
 
 /* The generate model with a layer calibration waiting for idle time, or NULL. */
@@ -58,7 +59,7 @@ static genmodel *calib_waiting(const sched *s)
  * daemon is idle (a copy of up to kb_ivf_hot_mb); whether it did. */
 static bool hot_run(sched *s)
 {
-    if (!kb_ivf_hot_stale(s->kb) || !idle_turn(s))
+    if (!kb_ivf_hot_stale(s->kb) || !idle_turn(s, false))
         return false;
     kb_ivf_refresh_hot(s->kb);
     return true;
@@ -68,20 +69,19 @@ static bool hot_run(sched *s)
  * while the daemon is idle, a step's rows of work; whether it did. */
 static bool drop_run(sched *s)
 {
-    if (!kb_drop_pending(s->kb) || !idle_turn(s))
+    if (!kb_drop_pending(s->kb) || !idle_turn(s, false))
         return false;
     kb_drop_idle(s->kb, s->gm[0]->step_tokens);
     return true;
 }
 
-/* Trains an IVF index a knowledge base waits for while the daemon is idle (the worker
- * is busy with it for its k-means; a request that comes meanwhile waits for the end);
- * whether it did. */
+/* Builds an IVF index a knowledge base waits for while the daemon is idle, until it is
+ * done or a job comes (the build goes on from there next time); whether it ran. */
 static bool train_run(sched *s)
 {
-    if (!kb_ivf_train_pending(s->kb) || !idle_turn(s))
+    if (!kb_ivf_train_pending(s->kb) || !idle_turn(s, false))
         return false;
-    kb_ivf_train_idle(s->kb);
+    kb_ivf_train_idle(s->kb, &s->idle_preempt);
     return true;
 }
 
@@ -89,7 +89,7 @@ static bool train_run(sched *s)
  * idle, after a write made the last measurement stale; whether it did. */
 static bool disk_run(sched *s)
 {
-    if (!kb_disk_stale(s->kb) || !idle_turn(s))
+    if (!kb_disk_stale(s->kb) || !idle_turn(s, false))
         return false;
     kb_disk_measure_idle(s->kb);
     return true;
@@ -101,7 +101,7 @@ static bool disk_run(sched *s)
 static bool calib_run(sched *s)
 {
     genmodel *gm = calib_waiting(s);
-    if (!gm || !idle_turn(s))
+    if (!gm || !idle_turn(s, true))
         return false;
     model_runner_set_background(gm->runner, true);
     model_runner_set_abort(gm->runner, &s->idle_preempt);
@@ -217,7 +217,7 @@ static bool pred_start(sched *s)
  * step at most). */
 static void pred_run(sched *s)
 {
-    if (!pred_idle(s, clock_mono_ns()) || !idle_claim(s) || (!s->pred && !pred_start(s)))
+    if (!pred_idle(s, clock_mono_ns()) || !idle_claim(s, true) || (!s->pred && !pred_start(s)))
         return;
     s->pred_paused = false;
     work *w = s->pred;

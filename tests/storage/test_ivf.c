@@ -1,5 +1,5 @@
 /* Tests of the IVF index: recall against exact search, the step API against the one-shot
- * search, similarity-aware search with the early stop against the plain search,
+ * search, training in steps against one run, similarity-aware search with the early stop against the plain search,
  * persistence (ids stored, vectors given back on load), per-app isolation, hot lists and
  * bad input. */
 #include <limits.h>
@@ -253,6 +253,99 @@ static void test_steps_equal_one_shot(void)
         CHECK(h[i].score <= one[i].score);
     ivf_search_free(s);
     ivf_free(ix);
+    free(v);
+    free(q);
+}
+
+typedef struct {
+    const float *vecs;
+    int64_t asked; /* rows the trainer read */
+} test_rows;
+
+static void test_row(void *arg, int64_t i, float *out)
+{
+    test_rows *r = arg;
+    memcpy(out, r->vecs + (size_t)i * DIM, sizeof *out * DIM);
+    r->asked++;
+}
+
+/* Training in steps of any size gives ivf_train's centroids (the same lists for every
+ * vector and query), the index untrained until the last step, and only the sample read. */
+static void test_training_in_steps_equals_one_run(void)
+{
+    char err[ERR_MAX];
+    float *v = clustered(N, DIM, 40, 0.8f, 5), *q = v ? queries_near(v, 0.05f, 6) : NULL;
+    CHECK(v && q);
+    ivf *one = build(v, N, NLIST, err);
+    CHECK_MSG(one, "%s", err);
+    static ivf_hit want[NQ * K], got[NQ * K];
+    ivf_search_params p = {.k = K, .nprobe = 2};
+    CHECK(run_steps(one, q, &p, NULL, INT_MAX, want, NULL, err) >= 0);
+    int64_t *ids = malloc(sizeof *ids * N);
+    CHECK(ids);
+    for (int i = 0; i < N; i++)
+        ids[i] = id_of(i);
+    /* a sample smaller than the vectors, so that not every row is read */
+    int per = 50;
+    ivf_train_params tp = {.nlist = NLIST, .iters = 8, .max_points_per_list = per, .seed = 42};
+    ivf *small_one = ivf_new(DIM, err);
+    CHECK(small_one && ivf_train(small_one, v, N, DIM, &tp, err) == 0 &&
+          ivf_add(small_one, ids, v, N, DIM, err) == 0);
+    static ivf_hit want_small[NQ * K];
+    CHECK(run_steps(small_one, q, &p, NULL, INT_MAX, want_small, NULL, err) >= 0);
+    int64_t sizes[] = {1, 300, 1000, INT64_MAX};
+    for (int t = 0; t < 4; t++) {
+        for (int small = 0; small < 2; small++) {
+            ivf_train_params sp = {.nlist = NLIST, .iters = 8, .seed = 42};
+            if (small)
+                sp.max_points_per_list = per;
+            ivf *ix = ivf_new(DIM, err);
+            CHECK(ix);
+            test_rows r = {v, 0};
+            ivf_trainer *tr = ivf_trainer_new(ix, N, &sp, test_row, &r, err);
+            CHECK_MSG(tr, "%s", err);
+            int64_t m = small ? (int64_t)NLIST * per : N;
+            CHECK_EQ(r.asked, m);
+            int steps = 0, rc;
+            while ((rc = ivf_trainer_step(tr, sizes[t], err)) == 0) {
+                CHECK_EQ(ivf_nlist(ix), 0);
+                steps++;
+            }
+            CHECK_MSG(rc == 1, "%s", err);
+            ivf_trainer_free(tr);
+            /* a step of 1 row scores one block of 256 */
+            if (sizes[t] == 1)
+                CHECK_EQ(steps + 1, 8 * (int)((m + 255) / 256));
+            CHECK_EQ(ivf_nlist(ix), NLIST);
+            CHECK(ivf_add(ix, ids, v, N, DIM, err) == 0);
+            CHECK(run_steps(ix, q, &p, NULL, INT_MAX, got, NULL, err) >= 0);
+            const ivf_hit *w = small ? want_small : want;
+            for (int a = 0; a < NQ; a++)
+                CHECK_MSG(same_hits(w + a * K, got + a * K, K),
+                          "steps of %lld rows, sample of %lld, query %d", (long long)sizes[t],
+                          (long long)m, a);
+            for (int i = 0; i < NQ * K; i++)
+                CHECK_EQ(got[i].list, w[i].list);
+            ivf_free(ix);
+        }
+    }
+    /* a trained index is refused, and so is a non-finite sampled row */
+    test_rows r = {v, 0};
+    CHECK(!ivf_trainer_new(one, N, &tp, test_row, &r, err));
+    float *bad = malloc(sizeof *bad * N * DIM);
+    CHECK(bad);
+    memcpy(bad, v, sizeof *bad * N * DIM);
+    bad[(size_t)7 * DIM + 3] = NAN;
+    ivf *ix = ivf_new(DIM, err);
+    test_rows rb = {bad, 0};
+    CHECK(!ivf_trainer_new(ix, N, &(ivf_train_params){.nlist = NLIST, .seed = 1}, test_row,
+                           &rb, err));
+    CHECK(strstr(err, "not finite"));
+    ivf_free(ix);
+    free(bad);
+    free(ids);
+    ivf_free(small_one);
+    ivf_free(one);
     free(v);
     free(q);
 }
@@ -611,6 +704,7 @@ int main(void)
 {
     RUN(test_recall_against_exact);
     RUN(test_steps_equal_one_shot);
+    RUN(test_training_in_steps_equals_one_run);
     RUN(test_similarity_aware_equals_plain);
     RUN(test_persistence);
     RUN(test_per_app_isolation);
