@@ -6,7 +6,8 @@
  * during prediction runs alone: no prediction step while it is queued or running, its
  * prompt in as many steps as it needs alone, and prediction resumes afterwards. Warm-ups
  * prefill new passages as a prompt's first, and a real query that retrieves one first
- * reuses its KV with the answer a fresh query gets. A QA entry a change makes stale is
+ * reuses its KV with the answer a fresh query gets, and warm-ups finish while another
+ * connection polls the daemon back to back. A QA entry a change makes stale is
  * regenerated in idle time.
  */
 #include <pthread.h>
@@ -202,17 +203,20 @@ static bool warmed_all(const llms_cache_stats *st)
     return st->predict_warmed >= n_passages;
 }
 
-/* With no question generation in the budget's way (predict_stride is larger than the
- * documents added). Long answers on a random model, whose next-token scores are close,
+/* Warm-ups with no question generation in the budget's way (predict_stride is larger
+ * than the documents added). */
+#define WARM_UPS_CONF                                                                      \
+    "temperature = 0\nmax_tokens = 32\nrag_top_k = 3\npredict_budget = 1\n"                 \
+    "idle_after_ms = 200\npredict_stride = 1000\npredict_warm = 16\n"                       \
+    "kb_passage_tokens = 96\nkb_overlap_tokens = 0\n"
+
+/* Long answers on a random model, whose next-token scores are close,
  * show the smallest difference in the reused KV or in how the rest is computed. */
 static void warm_ups_on(const char *name, const char *model)
 {
     int hits = 0;
     llmsd_proc d;
-    CHECK(proc_start(&d, llmsd_path, name, model,
-                     "temperature = 0\nmax_tokens = 32\nrag_top_k = 3\npredict_budget = 1\n"
-                     "idle_after_ms = 200\npredict_stride = 1000\npredict_warm = 16\n"
-                     "kb_passage_tokens = 96\nkb_overlap_tokens = 0\n") == 0);
+    CHECK(proc_start(&d, llmsd_path, name, model, WARM_UPS_CONF) == 0);
     llms_conn *c = proc_connect(&d, name);
     CHECK(c);
     CHECK_MSG(llms_kb_create(c, "kb", 0, 0) == LLMS_OK, "%s", llms_last_error(c));
@@ -287,10 +291,7 @@ static void monitoring_does_not_starve_warm_ups(void)
     if (!llmsd_path[0] || !deep_model[0])
         SKIP("llmsd or the generated model is missing");
     llmsd_proc d;
-    CHECK(proc_start(&d, llmsd_path, "monitored", deep_model,
-                     "temperature = 0\nmax_tokens = 32\nrag_top_k = 3\npredict_budget = 1\n"
-                     "idle_after_ms = 200\npredict_stride = 1000\npredict_warm = 16\n"
-                     "kb_passage_tokens = 96\nkb_overlap_tokens = 0\n") == 0);
+    CHECK(proc_start(&d, llmsd_path, "monitored", deep_model, WARM_UPS_CONF) == 0);
     llms_conn *c = proc_connect(&d, "monitored");
     monitor m = {.c = proc_connect(&d, "monitor")};
     CHECK(c && m.c);
