@@ -159,7 +159,7 @@ static int lists_alloc(ivf *ix, int nlist, char *err)
  * OpenBLAS does not load). Which lists a vector joins or a query probes needs no
  * particular rounding, and the early stop's bounds leave room for any.
  */
-static void score_centroids(const float *centroids, int nlist, int dim, const float *vecs,
+static void centroid_scores(const float *centroids, int nlist, int dim, const float *vecs,
                             int m, float *scores)
 {
     char no_blas[ERR_MAX];
@@ -169,19 +169,14 @@ static void score_centroids(const float *centroids, int nlist, int dim, const fl
         vdist_dot(vecs, m, centroids, nlist, dim, scores, (size_t)nlist);
 }
 
-static void centroid_scores(const ivf *ix, const float *vecs, int m, float *scores)
-{
-    score_centroids(ix->centroids, ix->nlist, ix->dim, vecs, m, scores);
-}
-
 /* best[i] = the one of nlist centroids scoring best with vecs row i, for n rows; scores
  * holds (IVF_ASSIGN_BLOCK, nlist) floats. */
-static void assign_to(const float *centroids, int nlist, int dim, const float *vecs,
-                      int64_t n, int32_t *best, float *scores)
+static void assign(const float *centroids, int nlist, int dim, const float *vecs, int64_t n,
+                   int32_t *best, float *scores)
 {
     for (int64_t i0 = 0; i0 < n; i0 += IVF_ASSIGN_BLOCK) {
         int m = n - i0 < IVF_ASSIGN_BLOCK ? (int)(n - i0) : IVF_ASSIGN_BLOCK;
-        score_centroids(centroids, nlist, dim, vecs + (size_t)i0 * dim, m, scores);
+        centroid_scores(centroids, nlist, dim, vecs + (size_t)i0 * dim, m, scores);
         for (int i = 0; i < m; i++) {
             const float *row = scores + (size_t)i * nlist;
             int32_t b = 0;
@@ -191,11 +186,6 @@ static void assign_to(const float *centroids, int nlist, int dim, const float *v
             best[i0 + i] = b;
         }
     }
-}
-
-static void assign(const ivf *ix, const float *vecs, int64_t n, int32_t *best, float *scores)
-{
-    assign_to(ix->centroids, ix->nlist, ix->dim, vecs, n, best, scores);
 }
 
 static uint64_t next_rand(uint64_t *s)
@@ -329,7 +319,7 @@ int ivf_trainer_step(ivf_trainer *t, int64_t rows, char err[ERR_MAX])
     while (t->it < t->iters && done < rows) {
         int64_t m = t->m - t->at < IVF_ASSIGN_BLOCK ? t->m - t->at : IVF_ASSIGN_BLOCK;
         const float *x = t->sample + (size_t)t->at * dim;
-        assign_to(t->centroids, t->nlist, dim, x, m, t->best, t->scores);
+        assign(t->centroids, t->nlist, dim, x, m, t->best, t->scores);
         for (int64_t i = 0; i < m; i++) {
             t->count[t->best[i]]++;
             double *s = t->sum + (size_t)t->best[i] * dim;
@@ -472,7 +462,7 @@ static int add_rows(ivf *ix, const int64_t *ids, const int8_t *q, const float *s
         for (int64_t i = 0; i < m; i++)
             for (int t = 0; t < dim; t++)
                 wide[(size_t)i * dim + t] = (float)q[(size_t)(i0 + i) * dim + t] * scale[i0 + i];
-        assign(ix, wide, m, best + i0, scores);
+        assign(ix->centroids, ix->nlist, dim, wide, m, best + i0, scores);
     }
     /* room first, so that a failure leaves the index as it was */
     for (int64_t i = 0; i < n; i++)
@@ -828,7 +818,7 @@ ivf_search *ivf_search_begin(ivf *ix, const float *queries, int n_q, int dim,
     }
     for (int i0 = 0; i0 < n_q; i0 += qblock) {
         int m = n_q - i0 < qblock ? n_q - i0 : qblock;
-        centroid_scores(ix, s->queries + (size_t)i0 * dim, m, cs);
+        centroid_scores(ix->centroids, ix->nlist, dim, s->queries + (size_t)i0 * dim, m, cs);
         for (int i = 0; i < m; i++)
             plan_query(s, i0 + i, cs + (size_t)i * ix->nlist, hints ? &hints[i0 + i] : NULL,
                        top);

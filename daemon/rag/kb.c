@@ -67,6 +67,15 @@ kbm *kb_new(const kb_env *env, char err[ERR_MAX])
     return k;
 }
 
+/* Drops the work of an index build under way. */
+static void build_free(kb_vecs *v)
+{
+    ivf_trainer_free(v->trainer);
+    ivf_free(v->building);
+    v->trainer = NULL;
+    v->building = NULL;
+}
+
 static void vecs_free(kb_vecs *v)
 {
     free(v->ids);
@@ -74,8 +83,7 @@ static void vecs_free(kb_vecs *v)
     free(v->scale);
     free(v->query);
     ivf_free(v->index);
-    ivf_trainer_free(v->trainer);
-    ivf_free(v->building);
+    build_free(v);
     free(v);
 }
 
@@ -699,10 +707,7 @@ void kb_ivf_train_idle(kbm *k, const _Atomic bool *stop)
                 /* searched exactly until the next change of the knowledge base */
                 v->train_pending = false;
                 v->train_failed = true;
-                ivf_trainer_free(v->trainer);
-                ivf_free(v->building);
-                v->trainer = NULL;
-                v->building = NULL;
+                build_free(v);
                 if (reqlog_enabled(REQLOG_WARN))
                     fprintf(stderr, "llmsd: warn: knowledge base %lld: IVF index: %s\n",
                             (long long)v->kb_id, err);
