@@ -243,13 +243,15 @@ tests: $(TEST_BIN) $(TOOL_BIN) $(DAEMON_BIN) $(CLIENT_CMD) $(CLIENT_SO)
 bench: $(BENCH_BIN)
 
 # The whole suite: release build, then the same tests built with ASan/UBSan; and the CUDA
-# backend compiled where a toolkit is found (cuda-check).
+# backend compiled where a toolkit is found (cuda-check). The programs run as many at once
+# as there are CPUs (tests/run.sh), the ASan ones first: they take longest, and started
+# last they would leave one core idle at the end.
 check: deps
 	@$(MAKE) --no-print-directory all tests
 	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 \
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" tests
 	@$(MAKE) --no-print-directory cuda-check
-	@sh tests/run.sh build build/asan
+	@sh tests/run.sh build/asan build
 
 # Most machines that run the suite have no GPU, but may have the toolkit: there the CUDA
 # backend is compiled (build/cuda) and its GPU tests run their host-side checks (the
