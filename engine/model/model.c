@@ -2078,6 +2078,9 @@ struct model_runner {
     offload *gpu;              /* model_runner_use_gpu's GPU, or NULL */
     const _Atomic bool *abort; /* model_runner_set_abort's flag, or NULL */
     bool aborted;              /* the last model_forward_rows stopped at *abort */
+    model_pause *pause;        /* model_runner_set_pause's, or NULL */
+    model_pause *keeping;      /* the pause the forward under way stops into, or NULL */
+    int first_layer;           /* the layer it starts at: > 0 when it goes on from keeping */
     int max_batch;
     int max_kv;
     int attn_rows;   /* query rows per batched-attention block */
@@ -2397,6 +2400,159 @@ void model_runner_set_background(model_runner *r, bool background)
 void model_runner_set_abort(model_runner *r, const _Atomic bool *abort)
 {
     r->abort = abort;
+}
+
+/* ---- stopped forwards kept (model_pause) ---- */
+
+struct model_pause {
+    const model_runner *r;
+    int max_rows;
+    int layers; /* layers done of the forward kept; 0: none kept */
+    /* The forward under way, or the one kept: its batch against seq as it stood. */
+    const kv_seq *seq;
+    const kv_chunk *last_chunk; /* seq's last chunk then, or NULL */
+    int n_before, n_chunks;
+    const model *m;
+    int n_tokens, n_out;
+    int32_t *tokens;    /* (max_rows) */
+    int32_t *positions; /* (max_rows) */
+    int32_t *out_rows;  /* (max_rows) */
+    float *x;           /* (max_rows, dim) residual stream after its last layer done */
+    uint16_t *kv;       /* (n_layer, max_rows, 2, n_head_kv * head_dim) each row's K then V */
+};
+
+model_pause *model_pause_new(const model_runner *r, int max_rows, char err[ERR_MAX])
+{
+    if (max_rows < 1 || max_rows > r->max_batch) {
+        err_set(err, "pause: %d rows outside 1 .. the runner's max batch %d", max_rows,
+                r->max_batch);
+        return NULL;
+    }
+    const model_hparams *hp = &r->m->hp;
+    size_t rows = (size_t)max_rows, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    model_pause *p = calloc(1, sizeof *p);
+    if (p) {
+        p->tokens = malloc(rows * sizeof *p->tokens);
+        p->positions = malloc(rows * sizeof *p->positions);
+        p->out_rows = malloc(rows * sizeof *p->out_rows);
+        p->x = malloc(rows * (size_t)hp->dim * sizeof *p->x);
+        p->kv = malloc((size_t)hp->n_layer * rows * 2 * kv_dim * sizeof *p->kv);
+    }
+    if (!p || !p->tokens || !p->positions || !p->out_rows || !p->x || !p->kv) {
+        model_pause_free(p);
+        err_set(err, "pause: out of memory for %d rows", max_rows);
+        return NULL;
+    }
+    p->r = r;
+    p->max_rows = max_rows;
+    return p;
+}
+
+void model_pause_free(model_pause *p)
+{
+    if (!p)
+        return;
+    free(p->tokens);
+    free(p->positions);
+    free(p->out_rows);
+    free(p->x);
+    free(p->kv);
+    free(p);
+}
+
+int model_pause_layers(const model_pause *p)
+{
+    return p->layers;
+}
+
+void model_pause_clear(model_pause *p)
+{
+    p->layers = 0;
+}
+
+int model_runner_set_pause(model_runner *r, model_pause *p, char err[ERR_MAX])
+{
+    if (p && p->r != r)
+        return err_set(err, "pause: made for another runner");
+    r->pause = p;
+    return 0;
+}
+
+/* Whether the forward of batches against seqs is one the runner's pause may keep. */
+static bool model_pause_takes(const model_runner *r, int n_seq, const model_batch *batches)
+{
+    const model_batch *b = &batches[0];
+    return r->pause && n_seq == 1 && b->n_tokens <= r->pause->max_rows &&
+           b->n_tokens <= r->max_batch && !b->attn && !b->hidden && !b->attn_received &&
+           !b->layer_ready;
+}
+
+/* Makes p's forward the one of b against seq (as it stands, before its entries are
+ * appended) and returns the layer it starts at: where p's kept forward stopped when it
+ * was this one, else 0. */
+static int model_pause_begin(model_pause *p, const kv_seq *seq, const model_batch *b,
+                             const model *m)
+{
+    const kv_chunk *last = seq->n_chunks ? seq->chunks[seq->n_chunks - 1] : NULL;
+    size_t n = (size_t)b->n_tokens, n_out = (size_t)b->n_out;
+    bool same = p->layers > 0 && p->seq == seq && p->last_chunk == last &&
+                p->n_before == kv_seq_n_tokens(seq) && p->n_chunks == seq->n_chunks &&
+                p->m == m && p->n_tokens == b->n_tokens && p->n_out == b->n_out &&
+                memcmp(p->tokens, b->tokens, n * sizeof *b->tokens) == 0 &&
+                memcmp(p->positions, b->positions, n * sizeof *b->positions) == 0 &&
+                (n_out == 0 || memcmp(p->out_rows, b->out_rows, n_out * sizeof *b->out_rows) == 0);
+    int first = same ? p->layers : 0;
+    p->layers = 0;
+    if (!same) {
+        p->seq = seq;
+        p->last_chunk = last;
+        p->n_before = kv_seq_n_tokens(seq);
+        p->n_chunks = seq->n_chunks;
+        p->m = m;
+        p->n_tokens = b->n_tokens;
+        p->n_out = b->n_out;
+        memcpy(p->tokens, b->tokens, n * sizeof *b->tokens);
+        memcpy(p->positions, b->positions, n * sizeof *b->positions);
+        if (n_out)
+            memcpy(p->out_rows, b->out_rows, n_out * sizeof *b->out_rows);
+    }
+    return first;
+}
+
+/* The n rows' K (value: V) of (layer, head) in p's buffer. */
+static uint16_t *model_pause_kv(const model_pause *p, int layer, int row, bool value, int head)
+{
+    const model_hparams *hp = &p->r->m->hp;
+    size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    return p->kv + (((size_t)layer * p->max_rows + row) * 2 + value) * kv_dim +
+           (size_t)head * hp->head_dim;
+}
+
+/* Copies the residual stream of the forward's n rows and the K/V its layers before
+ * `layers` wrote into the keeping pause (the forward stops there), or back (it goes on). */
+static void model_pause_move(model_runner *r, int n, int layers, bool keep)
+{
+    model_pause *p = r->keeping;
+    const model_hparams *hp = &r->m->hp;
+    kv_shape shape = model_kv_shape(r->m);
+    size_t hd = (size_t)hp->head_dim, x_bytes = (size_t)n * hp->dim * sizeof(float);
+    if (keep)
+        memcpy(p->x, r->x, x_bytes);
+    else
+        memcpy(r->x, p->x, x_bytes);
+    for (int l = 0; l < layers; l++)
+        for (int t = 0; t < n; t++)
+            for (int h = 0; h < hp->n_head_kv; h++)
+                for (int value = 0; value < 2; value++) {
+                    const kv_chunk *c = r->slot_chunk[t];
+                    uint16_t *slot = (value ? kv_chunk_v_f16(c, shape, l, h)
+                                            : kv_chunk_k_f16(c, shape, l, h)) +
+                                     (size_t)r->slot_index[t] * hd;
+                    uint16_t *kept = model_pause_kv(p, l, t, value, h);
+                    memcpy(keep ? kept : slot, keep ? slot : kept, hd * sizeof *slot);
+                }
+    if (keep)
+        p->layers = layers;
 }
 
 int model_runner_max_kv(const model_runner *r)
@@ -3511,8 +3667,16 @@ static void model_forward_rows(model_runner *r, int n_parts)
     }
     model_step s = {.r = r, .n = n, .parts = parts, .n_parts = n_parts, .n_item_rows = n_items};
     bool may_abort = r->abort && !stream && !parts[0].b->attn && !parts[0].b->layer_ready;
-    for (int l = 0; l < hp->n_layer; l++) {
-        if (may_abort && atomic_load_explicit(r->abort, memory_order_relaxed)) {
+    int first = r->first_layer;
+    if (first > 0)
+        model_pause_move(r, n, first, false);
+    for (int l = first; l < hp->n_layer; l++) {
+        /* a forward its pause keeps does a layer before it stops: stopped again and
+         * again, it still moves on */
+        if (may_abort && (l > first || !r->keeping) &&
+            atomic_load_explicit(r->abort, memory_order_relaxed)) {
+            if (r->keeping)
+                model_pause_move(r, n, l, true);
             r->aborted = true;
             return;
         }
@@ -3738,6 +3902,18 @@ int model_forward_batch(model_runner *r, int n_seq, kv_seq *const *seqs,
             if (!seqs[i]->chunks[c])
                 return err_set(err, "forward: chunk %d of batch %d's sequence was dropped while "
                                     "faulting in another's", c, i);
+
+    /* whether the runner's pause may keep this forward, and where it starts: where the
+     * pause's forward stopped when it was this one; any other takes the pause's place */
+    r->keeping = NULL;
+    r->first_layer = 0;
+    if (r->pause && !r->gpu && model_pause_takes(r, n_seq, batches)) {
+        r->keeping = r->pause;
+        r->first_layer = model_pause_begin(r->pause, seqs[0], &batches[0],
+                                           batches[0].model ? batches[0].model : r->m);
+    } else if (r->pause) {
+        model_pause_clear(r->pause);
+    }
 
     model_part *parts = r->parts;
     for (int i = 0; i < n_seq; i++) {

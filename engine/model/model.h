@@ -554,6 +554,44 @@ void model_runner_set_background(model_runner *r, bool background);
 #define MODEL_ABORTED 1
 void model_runner_set_abort(model_runner *r, const _Atomic bool *abort);
 
+/*
+ * Room to keep a forward that stopped at the abort flag, so that it goes on from the
+ * layer it reached instead of starting over: the residual stream of its rows and the K/V
+ * of the layers it finished ((dim * 4 + 4 * n_layer * n_head_kv * head_dim) bytes per
+ * row). Work nobody waits for then loses nothing to a request, however often requests
+ * come, and a request waits for one layer, not one forward.
+ *
+ * While p is the runner's pause (model_runner_set_pause), a forward of one batch of at
+ * most max_rows rows (and max_batch), without attn, hidden, attn_received or
+ * layer_ready, that stops at the flag finishes the layer it is in, keeps what it has, and
+ * returns MODEL_ABORTED with the sequence as before the call. The next forward with p
+ * set takes what p kept: when it is the same batch (tokens, positions, out rows, model)
+ * against the same sequence, unchanged meanwhile, it starts at the first layer the
+ * stopped one did not finish, and its outputs and K/V are those of a forward that never
+ * stopped, bit for bit; otherwise it starts at the first layer and p's forward is gone.
+ * Either way it runs at least one layer before it reads the flag, so repeated stops still
+ * move the forward on. Forwards while p is not set (requests between the stop and the
+ * resume) neither read nor change it. The sequence must not change between the stop and
+ * the resume but through this forward: p checks the sequence's length and chunks, not
+ * the K/V in them.
+ */
+typedef struct model_pause model_pause;
+
+/* A pause of runner r for forwards of up to max_rows rows (1 .. r's max_batch). NULL +
+ * err on bad arguments or no memory. */
+model_pause *model_pause_new(const model_runner *r, int max_rows, char err[ERR_MAX]);
+void model_pause_free(model_pause *p);
+
+/* Layers of the forward p keeps that are done; 0 when it keeps none. */
+int model_pause_layers(const model_pause *p);
+
+/* Forgets the forward p keeps (its work is wanted no more). */
+void model_pause_clear(model_pause *p);
+
+/* Makes p (one of r's, model_pause_new) the pause of r's forwards, or none (NULL). -1 +
+ * err when p is another runner's. */
+int model_runner_set_pause(model_runner *r, model_pause *p, char err[ERR_MAX]);
+
 int model_runner_max_kv(const model_runner *r);
 
 /* One batch to evaluate. Outputs are caller-provided; optional ones are NULL when off. */

@@ -786,6 +786,169 @@ static void test_abort(void)
     fixture_free(&f);
 }
 
+/* Appends n tokens (from token index `from` of sequence i's stream) to both copies of
+ * sequence i without a pause: a request's forward, between the stops of another. */
+static int advance_both(fixture *f, int i, int from, int n)
+{
+    char err[ERR_MAX];
+    int32_t tok[16], pos[16];
+    int n0 = kv_seq_n_tokens(&f->a[i]);
+    for (int t = 0; t < n; t++)
+        tok[t] = tok_of(f, i, from + t), pos[t] = f->base[i] + n0 + t;
+    model_batch b = {.n_tokens = n, .tokens = tok, .positions = pos};
+    return model_forward(f->r, &f->a[i], &b, err) < 0 || model_forward(f->r, &f->b[i], &b, err) < 0
+               ? -1
+               : 0;
+}
+
+/* Fills the unused rows of seq's last chunk (f16) with other values: what a stopped
+ * forward wrote there is gone, as when its chunk went back to the pool and came back as
+ * another sequence's. */
+static void scribble_unused_rows(const kv_seq *seq)
+{
+    kv_shape shape = kv_pool_shape(seq->pool);
+    const kv_chunk *c = seq->chunks[seq->n_chunks - 1];
+    size_t hd = (size_t)shape.head_dim;
+    for (int l = 0; l < shape.n_layer; l++)
+        for (int h = 0; h < shape.n_head_kv; h++)
+            for (size_t i = (size_t)c->n_tokens * hd; i < KV_CHUNK_TOKENS * hd; i++) {
+                kv_chunk_k_f16(c, shape, l, h)[i] = 0x3c00; /* 1.0 */
+                kv_chunk_v_f16(c, shape, l, h)[i] = 0xbc00; /* -1.0 */
+            }
+}
+
+/*
+ * A forward stopped at the abort flag and kept by the runner's pause goes on from the
+ * layer it reached: stopped after every layer in turn, with other sequences' forwards
+ * through the runner between the stops, it gives the logits and K/V of one forward that
+ * never stopped, bit for bit. Another batch, or the same one on a sequence changed
+ * meanwhile, starts over (and still gives the right answer); what a pause cannot keep
+ * stops as before, with nothing kept.
+ */
+static void test_pause(void)
+{
+    char path[512], err[ERR_MAX];
+    snprintf(path, sizeof path, "%s/qwen3-pause.gguf", test_tmpdir());
+    modelgen_params mp = {.arch = "qwen3", .dim = 128, .n_layer = 5, .n_head = 4,
+                          .n_head_kv = 2, .n_ff = 256, .n_ctx = 256, .type = QTYPE_Q8_0,
+                          .seed = 5, .n_vocab = 300, .n_threads = 1};
+    CHECK_MSG(modelgen_write(&mp, path, err) == 0, "%s", err);
+    fixture f;
+    int hist[2] = {20, 40}; /* the 12 rows fill sequence 1's last chunk and start another */
+    CHECK(fixture_init(&f, path, false, 1, 16, 2, hist) == 0);
+    const int n_layer = f.n_layer;
+    model_pause *p = model_pause_new(f.r, 12, err);
+    CHECK_MSG(p, "%s", err);
+    _Atomic bool raised = true;
+    int32_t tok[12], pos[12], out;
+    float *la = malloc(sizeof(float) * (size_t)f.nv), *lb = malloc(sizeof(float) * (size_t)f.nv);
+    CHECK(la && lb);
+    int next = 100; /* token index of the next batch */
+    model_batch ba, bb;
+#define NEXT_BATCH(n_tok)                                                                   \
+    do {                                                                                    \
+        int n0_ = kv_seq_n_tokens(&f.a[1]);                                                 \
+        for (int t = 0; t < (n_tok); t++)                                                   \
+            tok[t] = tok_of(&f, 1, next + t), pos[t] = f.base[1] + n0_ + t;                 \
+        next += (n_tok);                                                                    \
+        out = (n_tok) - 1;                                                                  \
+        ba = (model_batch){.n_tokens = (n_tok), .tokens = tok, .positions = pos, .n_out = 1, \
+                           .out_rows = &out, .logits = la};                                 \
+        bb = ba;                                                                            \
+        bb.logits = lb;                                                                     \
+    } while (0)
+
+    /* stopped after each layer in turn, a request's forward between the stops */
+    NEXT_BATCH(12);
+    CHECK(model_forward(f.r, &f.a[1], &ba, err) == 0);
+    for (int k = 1; k < n_layer; k++) {
+        CHECK(model_runner_set_pause(f.r, p, err) == 0);
+        model_runner_set_abort(f.r, &raised);
+        CHECK_EQ(model_forward(f.r, &f.b[1], &bb, err), MODEL_ABORTED);
+        CHECK_EQ(model_pause_layers(p), k);
+        CHECK_EQ(kv_seq_n_tokens(&f.b[1]), hist[1]);
+        scribble_unused_rows(&f.b[1]);
+        model_runner_set_abort(f.r, NULL);
+        CHECK(model_runner_set_pause(f.r, NULL, err) == 0);
+        CHECK(advance_both(&f, 0, 200 + k, 3) == 0);
+        CHECK_EQ(model_pause_layers(p), k);
+    }
+    CHECK(model_runner_set_pause(f.r, p, err) == 0);
+    model_runner_set_abort(f.r, &raised);
+    CHECK(model_forward(f.r, &f.b[1], &bb, err) == 0); /* its last layer, flag still raised */
+    CHECK_EQ(model_pause_layers(p), 0);
+    CHECK(memcmp(la, lb, sizeof(float) * (size_t)f.nv) == 0);
+    CHECK(kv_diff(&f, 1) == 0);
+    CHECK(kv_diff(&f, 0) == 0);
+
+    /* another batch after a stop starts over */
+    NEXT_BATCH(12);
+    CHECK_EQ(model_forward(f.r, &f.b[1], &bb, err), MODEL_ABORTED);
+    CHECK_EQ(model_pause_layers(p), 1);
+    NEXT_BATCH(7);
+    raised = false;
+    CHECK_MSG(model_forward(f.r, &f.b[1], &bb, err) == 0, "%s", err);
+    CHECK(model_forward(f.r, &f.a[1], &ba, err) == 0);
+    CHECK(memcmp(la, lb, sizeof(float) * (size_t)f.nv) == 0);
+    CHECK(kv_diff(&f, 1) == 0);
+
+    /* the same batch on a sequence changed since the stop starts over */
+    NEXT_BATCH(12);
+    raised = true;
+    CHECK_EQ(model_forward(f.r, &f.b[1], &bb, err), MODEL_ABORTED);
+    CHECK_EQ(model_pause_layers(p), 1);
+    kv_seq_truncate(&f.a[1], kv_seq_n_tokens(&f.a[1]) - 1);
+    kv_seq_truncate(&f.b[1], kv_seq_n_tokens(&f.b[1]) - 1);
+    for (int t = 0; t < 12; t++)
+        pos[t]--;
+    raised = false;
+    CHECK(model_forward(f.r, &f.b[1], &bb, err) == 0);
+    model_runner_set_pause(f.r, NULL, err);
+    CHECK(model_forward(f.r, &f.a[1], &ba, err) == 0);
+    CHECK(memcmp(la, lb, sizeof(float) * (size_t)f.nv) == 0);
+    CHECK(kv_diff(&f, 1) == 0);
+
+    /* what the pause cannot keep stops before its first layer, nothing kept: more rows
+     * than it has room for, attention statistics, two sequences; a stop it could keep is
+     * dropped by a forward it cannot */
+    CHECK(model_runner_set_pause(f.r, p, err) == 0);
+    raised = true;
+    int n0 = kv_seq_n_tokens(&f.b[1]);
+    NEXT_BATCH(12);
+    CHECK_EQ(model_forward(f.r, &f.b[1], &bb, err), MODEL_ABORTED);
+    CHECK_EQ(model_pause_layers(p), 1);
+    float received[64] = {0};
+    model_batch stats = {.n_tokens = 4, .tokens = tok, .positions = pos,
+                         .attn_received = received};
+    CHECK_EQ(model_forward(f.r, &f.b[1], &stats, err), MODEL_ABORTED);
+    CHECK_EQ(model_pause_layers(p), 0);
+    for (int i = 0; i < 64; i++)
+        CHECK(received[i] == 0);
+    model_batch big = {.n_tokens = 13, .tokens = tok, .positions = pos};
+    int32_t big_tok[13] = {0}, big_pos[13];
+    for (int t = 0; t < 13; t++)
+        big_pos[t] = pos[0] + t;
+    big.tokens = big_tok, big.positions = big_pos;
+    CHECK_EQ(model_forward(f.r, &f.b[1], &big, err), MODEL_ABORTED);
+    CHECK_EQ(model_pause_layers(p), 0);
+    CHECK_EQ(kv_seq_n_tokens(&f.b[1]), n0);
+
+    /* a pause is its runner's; its size is checked */
+    model_runner *other = model_runner_new(f.m, 1, 16, 256, err);
+    CHECK_MSG(other, "%s", err);
+    CHECK(model_runner_set_pause(other, p, err) < 0);
+    CHECK(model_pause_new(f.r, 0, err) == NULL);
+    CHECK(model_pause_new(f.r, 17, err) == NULL);
+    model_runner_free(other);
+#undef NEXT_BATCH
+    model_runner_set_abort(f.r, NULL);
+    model_runner_set_pause(f.r, NULL, err);
+    model_pause_free(p);
+    free(la);
+    free(lb);
+    fixture_free(&f);
+}
+
 int main(void)
 {
     RUN(test_decode_identical);
@@ -799,5 +962,6 @@ int main(void)
     RUN(test_reserve_rollback);
     RUN(test_fault_in_batch);
     RUN(test_abort);
+    RUN(test_pause);
     return test_finish();
 }
