@@ -442,6 +442,7 @@ enum llms_status llms_cache_stats_of(llms_conn *c, const llms_cache_owner *owner
     out->predict_converted = p->predict_converted;
     out->predict_warmed = p->predict_warmed;
     out->qkv_verify_misses = p->qkv_verify_misses;
+    out->predict_resumed = p->predict_resumed;
     frame_free_response(r);
     return LLMS_OK;
 }

@@ -1036,6 +1036,8 @@ typedef struct llms_cache_stats {
     uint64_t predict_converted;
     uint64_t predict_warmed;    /* passages prefilled ahead as a prompt's first */
     uint64_t qkv_verify_misses; /* nodes under a query's key that were not its (admin) */
+    uint64_t predict_resumed;   /* prediction forwards that went on from where a job
+                                   stopped them, instead of starting over */
 } llms_cache_stats;
 
 enum llms_status llms_cache_stats_get(llms_conn *conn, llms_cache_stats *out);

@@ -727,7 +727,7 @@ static enum llms_status cmd_cache(llms_conn *c, char **pos)
                "\"predict_qkv_hits\":%llu,\"predict_generations\":%llu,"
                "\"predict_steps\":%llu,\"predict_ms\":%.1f,\"predict_queued\":%u,"
                "\"predict_converted\":%llu,\"predict_warmed\":%llu,"
-               "\"qkv_verify_misses\":%llu}\n",
+               "\"qkv_verify_misses\":%llu,\"predict_resumed\":%llu}\n",
                st.qa_entries, (unsigned long long)st.qa_bytes,
                (unsigned long long)st.qa_budget_bytes, (unsigned long long)st.qa_evictions,
                st.qkv_nodes, (unsigned long long)st.qkv_bytes,
@@ -740,7 +740,8 @@ static enum llms_status cmd_cache(llms_conn *c, char **pos)
                (unsigned long long)st.predict_qkv_hits,
                (unsigned long long)st.predict_generations, (unsigned long long)st.predict_steps,
                st.predict_ms, st.predict_queued, (unsigned long long)st.predict_converted,
-               (unsigned long long)st.predict_warmed, (unsigned long long)st.qkv_verify_misses);
+               (unsigned long long)st.predict_warmed, (unsigned long long)st.qkv_verify_misses,
+               (unsigned long long)st.predict_resumed);
     else
         printf("QA bank   %u entries, %.1f of %.1f KiB, %llu evictions; hits %llu of %llu "
                "queries (%.1f%%)\n"
@@ -748,8 +749,8 @@ static enum llms_status cmd_cache(llms_conn *c, char **pos)
                "%llu evictions\n"
                "tau_query %g, tau_scheduler %g: predicted queries are %s\n"
                "predicted %llu queries (%llu prefilled, %llu decoded, %llu converted), "
-               "%llu generations, %u queued, %llu passages warmed; preempted %llu times; "
-               "%llu steps, %.1f ms\n"
+               "%llu generations, %u queued, %llu passages warmed; preempted %llu times, "
+               "%llu forwards resumed where a job stopped them; %llu steps, %.1f ms\n"
                "hits on predicted entries: QA %llu, QKV %llu\n",
                st.qa_entries, st.qa_bytes / 1024.0, st.qa_budget_bytes / 1024.0,
                (unsigned long long)st.qa_evictions, (unsigned long long)st.qa_hits,
@@ -763,7 +764,8 @@ static enum llms_status cmd_cache(llms_conn *c, char **pos)
                (unsigned long long)st.predicted, (unsigned long long)st.predict_prefilled,
                (unsigned long long)st.predict_decoded, (unsigned long long)st.predict_converted,
                (unsigned long long)st.predict_generations, st.predict_queued,
-               (unsigned long long)st.predict_warmed, (unsigned long long)st.predict_preempted, (unsigned long long)st.predict_steps,
+               (unsigned long long)st.predict_warmed, (unsigned long long)st.predict_preempted,
+               (unsigned long long)st.predict_resumed, (unsigned long long)st.predict_steps,
                st.predict_ms, (unsigned long long)st.predict_qa_hits,
                (unsigned long long)st.predict_qkv_hits);
     return LLMS_OK;

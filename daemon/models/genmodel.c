@@ -156,6 +156,7 @@ void genmodel_free(genmodel *g)
     ctx_close(g->cm);
     free(g->own_logits);
     kv_pool_free(g->pool);
+    model_pause_free(g->idle_pause);
     model_runner_free(g->runner);
     tok_free(g->own_tok);
     jsonmask_vocab_free(g->json_vocab);

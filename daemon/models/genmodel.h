@@ -52,6 +52,9 @@ typedef struct genmodel {
     int n_dry_default;
     size_t piece_max;        /* the longest token text a TokenLogprob carries (set by the
                                 scheduler at load): what a reply's logprobs may take */
+    model_pause *idle_pause; /* keeps the idle-time forward a job stopped, so that it goes
+                                on from there (model.h): made by the first prediction step
+                                on this model (NULL before) */
 } genmodel;
 
 typedef struct genmodel_opts {

@@ -577,6 +577,11 @@ void predict_count_preempted(predict *p)
     p->stats.preempted++;
 }
 
+void predict_count_resumed(predict *p)
+{
+    p->stats.resumed++;
+}
+
 void predict_count_hits(predict *p, bool qa, bool qkv)
 {
     p->stats.qa_hits += qa;

@@ -69,6 +69,7 @@ enum predict_end {
 
 typedef struct predict_stats {
     uint64_t predicted, prefilled, decoded, converted, generations, preempted, steps;
+    uint64_t resumed;   /* forwards that went on from the layer a job stopped them at */
     uint64_t warmed;    /* passages warmed up */
     uint64_t qa_hits, qkv_hits;
     double ms;
@@ -117,6 +118,9 @@ void predict_task_clear(predict_task *t);
 void predict_count_step(predict *p, double ms);  /* a scheduler step of prediction work */
 void predict_count_ms(predict *p, double ms);    /* other worker time: lookups, retrieval */
 void predict_count_preempted(predict *p);
+
+/* One more forward that went on from where a job stopped it, instead of starting over. */
+void predict_count_resumed(predict *p);
 void predict_count_hits(predict *p, bool qa, bool qkv);
 void predict_get_stats(const predict *p, predict_stats *out);
 

@@ -1067,6 +1067,8 @@ void rag_handle_cache(rag *r, uint64_t conn_id, uint32_t uid, const char *app, b
     c.predict_prefilled = ps.prefilled;
     c.predict_decoded = ps.decoded;
     c.predict_preempted = ps.preempted;
+    c.has_predict_resumed = 1;
+    c.predict_resumed = ps.resumed;
     c.predict_qa_hits = ps.qa_hits;
     c.predict_qkv_hits = ps.qkv_hits;
     c.predict_generations = ps.generations;

@@ -126,6 +126,9 @@ void idle_pred_end(sched *s, bool complete)
     predict_done(s->predict, &s->pred_task, how, g->shown ? g->shown : "");
     predict_task_clear(&s->pred_task);
     genmodel *gm = w->gm;
+    /* its sequence goes: a forward kept of it is wanted no more */
+    if (gm->idle_pause)
+        model_pause_clear(gm->idle_pause);
     gm->kv_reserved -= w->kv_reserved;
     gen_free(g);
     free(w);
@@ -212,18 +215,37 @@ static bool pred_start(sched *s)
     return false;
 }
 
+/* The pause that keeps gm's idle-time forwards when a job stops them, made on first use;
+ * NULL while it cannot be (memory): a stopped forward then starts over, as it would
+ * without one, and the next step tries again. */
+static model_pause *pred_pause_of(genmodel *gm)
+{
+    char err[ERR_MAX];
+    int rows = gm->step_tokens < gm->max_batch ? gm->step_tokens : gm->max_batch;
+    if (!gm->idle_pause)
+        gm->idle_pause = model_pause_new(gm->runner, rows, err);
+    return gm->idle_pause;
+}
+
 /* One step of prediction work while the daemon is idle: a slice of its prompt or one
- * token, alone in the forward (a real request arriving meanwhile waits for this one
- * step at most). */
+ * token, alone in the forward. A job that comes meanwhile stops it after the layer it is
+ * in, and it goes on from there next time (the pause keeps what it did): so a request
+ * or a status poll waits one layer, and prediction loses nothing however often they
+ * come. */
 static void pred_run(sched *s)
 {
     if (!pred_idle(s, clock_mono_ns()) || !idle_claim(s, true) || (!s->pred && !pred_start(s)))
         return;
     s->pred_paused = false;
     work *w = s->pred;
+    model_pause *pause = pred_pause_of(w->gm);
+    uint64_t resumed = pause ? model_pause_resumed(pause) : 0;
     int64_t t0 = clock_mono_ns();
-    int n_seq = sched_step_alone(s, w, w->gm->step_tokens, &s->idle_preempt);
-    s->idle_given_up = n_seq < 0;
+    int n_seq = sched_step_alone(s, w, w->gm->step_tokens, &s->idle_preempt, pause);
+    if (pause && model_pause_resumed(pause) > resumed)
+        predict_count_resumed(s->predict);
+    /* a stop the pause kept needs no shield from the next job: nothing is lost */
+    s->idle_given_up = n_seq < 0 && !(pause && model_pause_layers(pause) > 0);
     if (n_seq < 0) {
         predict_count_ms(s->predict, (double)(clock_mono_ns() - t0) / 1e6);
         return;

@@ -505,8 +505,9 @@ static void run_step(sched *s)
     }
 }
 
-int sched_step_alone(sched *s, work *w, int take, _Atomic bool *abort)
+int sched_step_alone(sched *s, work *w, int take, _Atomic bool *abort, model_pause *pause)
 {
+    char err[ERR_MAX];
     int64_t t0 = clock_mono_ns();
     int n_seq = 0, n_out = 0;
     if (w->g && gen_decoding(w->g))
@@ -521,9 +522,13 @@ int sched_step_alone(sched *s, work *w, int take, _Atomic bool *abort)
     if (abort) {
         model_runner_set_background(w->gm->runner, true);
         model_runner_set_abort(w->gm->runner, abort);
+        if (pause && model_runner_set_pause(w->gm->runner, pause, err) < 0)
+            pause = NULL; /* another model's: the forward starts over when stopped */
     }
     bool aborted = step_forward(s, w->gm, n_seq);
     if (abort) {
+        if (pause)
+            model_runner_set_pause(w->gm->runner, NULL, err);
         model_runner_set_abort(w->gm->runner, NULL);
         model_runner_set_background(w->gm->runner, false);
     }
@@ -543,7 +548,7 @@ static void run_serial(sched *s)
         work *w = s->active[i];
         /* a graph between nodes, or whose node just finished, waits for graphrun_advance_all */
         while (!work_over(w, clock_mono_ns()) && (w->t || w->kt || (w->g && !w->g->done))) {
-            sched_step_alone(s, w, w->gm->max_batch, NULL);
+            sched_step_alone(s, w, w->gm->max_batch, NULL, NULL);
             if (w->g && gen_decoding(w->g))
                 break; /* one token per generation per round */
         }

@@ -280,8 +280,10 @@ void sched_job_free(sched_job *j);
 
 /* One step of w alone, its own forward: its decode row, or take rows of its long work.
  * With abort (idle-time work) the forward runs on one thread and gives up at that flag:
- * -1, nothing computed. Else the sequences the step ran (0: none). */
-int sched_step_alone(sched *s, work *w, int take, _Atomic bool *abort);
+ * -1, the step's sequences as before; the layers it finished are kept in pause, when
+ * given (model.h: the same step next time goes on from there). Else the sequences the
+ * step ran (0: none). */
+int sched_step_alone(sched *s, work *w, int take, _Atomic bool *abort, model_pause *pause);
 
 /* Room in the step's arrays for rows sequences (a generate model's max_batch). */
 int sched_step_room(sched *s, int rows);

@@ -2408,6 +2408,7 @@ struct model_pause {
     const model_runner *r;
     int max_rows;
     int layers; /* layers done of the forward kept; 0: none kept */
+    uint64_t resumed; /* forwards that went on from a kept one */
     /* The forward under way, or the one kept: its batch against seq as it stood. */
     const kv_seq *seq;
     const kv_chunk *last_chunk; /* seq's last chunk then, or NULL */
@@ -2465,6 +2466,11 @@ int model_pause_layers(const model_pause *p)
     return p->layers;
 }
 
+uint64_t model_pause_resumed(const model_pause *p)
+{
+    return p->resumed;
+}
+
 void model_pause_clear(model_pause *p)
 {
     p->layers = 0;
@@ -2502,6 +2508,7 @@ static int model_pause_begin(model_pause *p, const kv_seq *seq, const model_batc
                 memcmp(p->positions, b->positions, n * sizeof *b->positions) == 0 &&
                 (n_out == 0 || memcmp(p->out_rows, b->out_rows, n_out * sizeof *b->out_rows) == 0);
     int first = same ? p->layers : 0;
+    p->resumed += same;
     p->layers = 0;
     if (!same) {
         p->seq = seq;

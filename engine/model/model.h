@@ -585,6 +585,9 @@ void model_pause_free(model_pause *p);
 /* Layers of the forward p keeps that are done; 0 when it keeps none. */
 int model_pause_layers(const model_pause *p);
 
+/* Forwards that went on from where p's kept forward stopped, since p was made. */
+uint64_t model_pause_resumed(const model_pause *p);
+
 /* Forgets the forward p keeps (its work is wanted no more). */
 void model_pause_clear(model_pause *p);
 

@@ -212,9 +212,10 @@ static bool warmed_all(const llms_cache_stats *st)
 
 /* Long answers on a random model, whose next-token scores are close,
  * show the smallest difference in the reused KV or in how the rest is computed. */
+static void check_warm_ups_reused_exactly(llms_conn *c, uint32_t passages);
+
 static void warm_ups_on(const char *name, const char *model)
 {
-    int hits = 0;
     llmsd_proc d;
     CHECK(proc_start(&d, llmsd_path, name, model, WARM_UPS_CONF) == 0);
     llms_conn *c = proc_connect(&d, name);
@@ -226,6 +227,18 @@ static void warm_ups_on(const char *name, const char *model)
     llms_cache_stats st;
     CHECK_MSG(wait_stats(c, warmed_all, 60, &st) == 0, "%llu of %u passages warmed",
               (unsigned long long)st.predict_warmed, passages);
+    check_warm_ups_reused_exactly(c, passages);
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
+/* Every warmed passage's node serves a question as a prefix, and the answer is the one
+ * computed from scratch. */
+static void check_warm_ups_reused_exactly(llms_conn *c, uint32_t passages)
+{
+    int hits = 0;
+    llms_cache_stats st;
+    CHECK_EQ(llms_cache_stats_get(c, &st), LLMS_OK);
     CHECK_EQ(st.predicted, 0);
     CHECK_EQ(st.rag_queries, 0);
     CHECK(st.qkv_nodes >= 1 + passages); /* the system prompt's node and one per passage */
@@ -246,8 +259,6 @@ static void warm_ups_on(const char *name, const char *model)
     CHECK_EQ(hits, 3);
     CHECK_EQ(llms_cache_stats_get(c, &st), LLMS_OK);
     CHECK_EQ(st.predict_qkv_hits, (uint64_t)hits);
-    llms_close(c);
-    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
 static void warm_ups_reuse_exactly(void)
@@ -265,12 +276,14 @@ typedef struct {
     _Atomic bool stop;
     unsigned long polls, failed;
     double longest_ms; /* the longest poll */
+    double total_ms;   /* all polls */
 } monitor;
 
 static void monitor_took(monitor *m, double t0)
 {
     double ms = (proc_now() - t0) * 1e3;
     m->longest_ms = ms > m->longest_ms ? ms : m->longest_ms;
+    m->total_ms += ms;
     m->polls++;
 }
 
@@ -294,9 +307,10 @@ static void *monitor_poll(void *arg)
 }
 
 /* Status and cache polls need no forward: one that comes while an idle-time forward runs
- * may stop it, but not every time, so warm-ups finish however often another connection
- * polls (each poll used to stop the warm-up's forward at its next layer, and a forward
- * that took longer than the gap between polls never finished). */
+ * stops it after the layer it is in, and the forward goes on from there once the poll is
+ * answered, so warm-ups finish however often another connection polls (each poll used to
+ * throw the warm-up's forward away, and one that took longer than the gap between polls
+ * never finished), and what they computed in pieces is reused exactly. */
 static void monitoring_does_not_starve_warm_ups(void)
 {
     if (!llmsd_path[0] || !deep_model[0])
@@ -320,8 +334,12 @@ static void monitoring_does_not_starve_warm_ups(void)
               (unsigned long long)st.predict_warmed, passages, m.polls, st.predict_ms);
     CHECK_EQ(m.failed, 0);
     CHECK(m.polls > 0);
-    printf("  %lu polls while %llu passages warmed up in %.0f ms, the longest %.1f ms\n",
-           m.polls, (unsigned long long)st.predict_warmed, st.predict_ms, m.longest_ms);
+    CHECK(st.predict_resumed > 0);
+    printf("  %lu polls while %llu passages warmed up in %.0f ms (%llu forwards resumed "
+           "where a poll stopped them); polls took %.2f ms on average, the longest %.1f ms\n",
+           m.polls, (unsigned long long)st.predict_warmed, st.predict_ms,
+           (unsigned long long)st.predict_resumed, m.total_ms / (double)m.polls, m.longest_ms);
+    check_warm_ups_reused_exactly(c, passages);
     llms_close(m.c);
     llms_close(c);
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
