@@ -2419,7 +2419,8 @@ struct model_pause {
     int32_t *positions; /* (max_rows) */
     int32_t *out_rows;  /* (max_rows) */
     float *x;           /* (max_rows, dim) residual stream after its last layer done */
-    uint16_t *kv;       /* (n_layer, max_rows, 2, n_head_kv * head_dim) each row's K then V */
+    uint16_t *kv;       /* (n_layer, max_rows, 2, n_head_kv * head_dim) each row's K then V
+                           (model_kv_shape's) */
 };
 
 model_pause *model_pause_new(const model_runner *r, int max_rows, char err[ERR_MAX])
@@ -2429,15 +2430,15 @@ model_pause *model_pause_new(const model_runner *r, int max_rows, char err[ERR_M
                 r->max_batch);
         return NULL;
     }
-    const model_hparams *hp = &r->m->hp;
-    size_t rows = (size_t)max_rows, kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
+    kv_shape shape = model_kv_shape(r->m);
+    size_t rows = (size_t)max_rows, kv_dim = (size_t)shape.n_head_kv * shape.head_dim;
     model_pause *p = calloc(1, sizeof *p);
     if (p) {
         p->tokens = malloc(rows * sizeof *p->tokens);
         p->positions = malloc(rows * sizeof *p->positions);
         p->out_rows = malloc(rows * sizeof *p->out_rows);
-        p->x = malloc(rows * (size_t)hp->dim * sizeof *p->x);
-        p->kv = malloc((size_t)hp->n_layer * rows * 2 * kv_dim * sizeof *p->kv);
+        p->x = malloc(rows * (size_t)r->m->hp.dim * sizeof *p->x);
+        p->kv = malloc((size_t)shape.n_layer * rows * 2 * kv_dim * sizeof *p->kv);
     }
     if (!p || !p->tokens || !p->positions || !p->out_rows || !p->x || !p->kv) {
         model_pause_free(p);
@@ -2526,13 +2527,12 @@ static int model_pause_begin(model_pause *p, const kv_seq *seq, const model_batc
     return first;
 }
 
-/* The n rows' K (value: V) of (layer, head) in p's buffer. */
-static uint16_t *model_pause_kv(const model_pause *p, int layer, int row, bool value, int head)
+/* A row's K (value: V) of (layer, head) in p's buffer. */
+static uint16_t *model_pause_kv(const model_pause *p, kv_shape shape, int layer, int row,
+                                bool value, int head)
 {
-    const model_hparams *hp = &p->r->m->hp;
-    size_t kv_dim = (size_t)hp->n_head_kv * hp->head_dim;
-    return p->kv + (((size_t)layer * p->max_rows + row) * 2 + value) * kv_dim +
-           (size_t)head * hp->head_dim;
+    size_t hd = (size_t)shape.head_dim, kv_dim = (size_t)shape.n_head_kv * hd;
+    return p->kv + (((size_t)layer * p->max_rows + row) * 2 + value) * kv_dim + (size_t)head * hd;
 }
 
 /* Copies the residual stream of the forward's n rows and the K/V its layers before
@@ -2540,22 +2540,21 @@ static uint16_t *model_pause_kv(const model_pause *p, int layer, int row, bool v
 static void model_pause_move(model_runner *r, int n, int layers, bool keep)
 {
     model_pause *p = r->keeping;
-    const model_hparams *hp = &r->m->hp;
     kv_shape shape = model_kv_shape(r->m);
-    size_t hd = (size_t)hp->head_dim, x_bytes = (size_t)n * hp->dim * sizeof(float);
+    size_t hd = (size_t)shape.head_dim, x_bytes = (size_t)n * r->m->hp.dim * sizeof(float);
     if (keep)
         memcpy(p->x, r->x, x_bytes);
     else
         memcpy(r->x, p->x, x_bytes);
     for (int l = 0; l < layers; l++)
         for (int t = 0; t < n; t++)
-            for (int h = 0; h < hp->n_head_kv; h++)
+            for (int h = 0; h < shape.n_head_kv; h++)
                 for (int value = 0; value < 2; value++) {
                     const kv_chunk *c = r->slot_chunk[t];
                     uint16_t *slot = (value ? kv_chunk_v_f16(c, shape, l, h)
                                             : kv_chunk_k_f16(c, shape, l, h)) +
                                      (size_t)r->slot_index[t] * hd;
-                    uint16_t *kept = model_pause_kv(p, l, t, value, h);
+                    uint16_t *kept = model_pause_kv(p, shape, l, t, value, h);
                     memcpy(keep ? kept : slot, keep ? slot : kept, hd * sizeof *slot);
                 }
     if (keep)

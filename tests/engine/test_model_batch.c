@@ -825,14 +825,11 @@ static void scribble_unused_rows(const kv_seq *seq)
  * meanwhile, starts over (and still gives the right answer); what a pause cannot keep
  * stops as before, with nothing kept.
  */
-static void test_pause(void)
+static void pause_on(const modelgen_params *mp)
 {
     char path[512], err[ERR_MAX];
-    snprintf(path, sizeof path, "%s/qwen3-pause.gguf", test_tmpdir());
-    modelgen_params mp = {.arch = "qwen3", .dim = 128, .n_layer = 5, .n_head = 4,
-                          .n_head_kv = 2, .n_ff = 256, .n_ctx = 256, .type = QTYPE_Q8_0,
-                          .seed = 5, .n_vocab = 300, .n_threads = 1};
-    CHECK_MSG(modelgen_write(&mp, path, err) == 0, "%s", err);
+    snprintf(path, sizeof path, "%s/%s-pause.gguf", test_tmpdir(), mp->arch);
+    CHECK_MSG(modelgen_write(mp, path, err) == 0, "%s", err);
     fixture f;
     int hist[2] = {20, 40}; /* the 12 rows fill sequence 1's last chunk and start another */
     CHECK(fixture_init(&f, path, false, 1, 16, 2, hist) == 0);
@@ -947,6 +944,25 @@ static void test_pause(void)
     free(la);
     free(lb);
     fixture_free(&f);
+}
+
+/* qwen3; deepseek2, whose entries are one latent vector (K alone, read as V too) and
+ * whose layers after the first route through experts. */
+static void test_pause(void)
+{
+    modelgen_params qwen3 = {.arch = "qwen3", .dim = 128, .n_layer = 5, .n_head = 4,
+                             .n_head_kv = 2, .n_ff = 256, .n_ctx = 256, .type = QTYPE_Q8_0,
+                             .seed = 5, .n_vocab = 300, .n_threads = 1};
+    pause_on(&qwen3);
+    modelgen_params deepseek2 = {
+        .arch = "deepseek2", .dim = 128, .n_layer = 4, .n_head = 4, .n_head_kv = 1,
+        .n_ff = 256, .n_ctx = 256, .type = QTYPE_F32, .seed = 31, .n_vocab = 300,
+        .n_threads = 1, .n_expert = 8, .n_expert_used = 2, .n_ff_exp = 64,
+        .n_expert_shared = 1, .n_dense_lead = 1, .q_lora_rank = 64, .kv_lora_rank = 64,
+        .qk_nope_dim = 32, .qk_rope_dim = 16, .v_head_dim = 32, .expert_gating = 2,
+        .expert_weights_norm = true, .expert_weights_scale = 2.5f, .n_expert_groups = 4,
+        .n_expert_groups_used = 2, .exp_probs_b = true};
+    pause_on(&deepseek2);
 }
 
 int main(void)
