@@ -8,12 +8,12 @@
 # thread pools step down to fewer threads when another process holds the cores, so two
 # programs on two cores take about half the time of one after the other. The programs in
 # ALONE compare times they measure against fixed bounds or against each other (an app
-# served within a second during an attack, a recompute cost against its prediction, a
-# thread pool's response to stalls, a regex's linear time), so they run afterwards, one at
-# a time, with the machine to themselves.
+# served within a second during an attack, a cancel within a second, a recompute cost
+# against its prediction, a thread pool's response to stalls, a regex's linear time), so
+# they run afterwards, one at a time, with the machine to themselves.
 set -u
 
-ALONE="test_abuse test_ctxload test_threadpool test_regex"
+ALONE="test_abuse test_sched test_ctxload test_threadpool test_regex"
 
 # One program (called by xargs below): its output and exit status go to files named after
 # it in the work directory; the output is printed under a lock so that two never mix.
