@@ -126,6 +126,21 @@ typedef struct loop_state {
     http *gw;               /* the HTTP gateway, or NULL */
 } loop_state;
 
+/* A stop signal that came while the loop's handlers were not in place: between this
+ * handler's install and theirs (acted on once they are), or after they are gone at the
+ * end of the teardown (dropped: the daemon is stopping). libevent puts this handler back
+ * when the loop's signal events are freed, so a second SIGTERM late in the teardown
+ * (timeout(1) and `kill` of a process group send one to the daemon and one to its group;
+ * an admin presses Ctrl-C twice) is not SIGTERM's default action killing the daemon
+ * before it exits. SIGHUP comes here too: a reload then means nothing. */
+static volatile sig_atomic_t stop_outside_loop;
+
+static void on_signal_outside_loop(int sig)
+{
+    if (sig != SIGHUP)
+        stop_outside_loop = sig;
+}
+
 static void on_signal(evutil_socket_t sig, short what, void *arg)
 {
     (void)what;
@@ -288,6 +303,13 @@ int main(int argc, char **argv)
     /* the signals belong to the loop before the sockets listen: a stop sent as soon as a
      * client can connect (systemd, a test) is a clean shutdown, not SIGTERM's default
      * action killing the daemon mid-start */
+    struct sigaction outside = {.sa_handler = on_signal_outside_loop};
+    sigemptyset(&outside.sa_mask);
+    if (sigaction(SIGTERM, &outside, NULL) || sigaction(SIGINT, &outside, NULL) ||
+        sigaction(SIGHUP, &outside, NULL)) {
+        fprintf(stderr, "llmsd: sigaction: %s\n", strerror(errno));
+        goto out;
+    }
     sigterm = evsignal_new(base, SIGTERM, on_signal, &ls);
     sigint = evsignal_new(base, SIGINT, on_signal, &ls);
     sighup = evsignal_new(base, SIGHUP, on_reload, &ls);
@@ -299,6 +321,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "llmsd: libevent setup failed\n");
         goto out;
     }
+    if (stop_outside_loop)
+        event_active(stop_outside_loop == SIGINT ? sigint : sigterm, EV_SIGNAL, 1);
     if (server_listen(ls.srv, err)) {
         fprintf(stderr, "llmsd: %s\n", err);
         goto out;

@@ -730,6 +730,48 @@ static void sigterm_loses_nothing(void)
     CHECK_EQ(proc_stop(&d, SIGTERM), 0);
 }
 
+/* Stop signals sent again and again, as timeout(1) or an impatient admin does (SIGTERM to
+ * the daemon and to its process group, Ctrl-C pressed twice, a reload on the way): the
+ * daemon shuts down once and exits 0 with everything persisted, however late in the
+ * teardown one lands. */
+static void repeated_stop_signals_exit_cleanly(void)
+{
+    if (!llmsd_path[0])
+        SKIP("llmsd is not built in this tree");
+    llmsd_proc d;
+    CHECK_MSG(proc_start(&d, llmsd_path, "storm", tiny_model, NULL) == 0, "llmsd did not start");
+    llms_conn *c = proc_connect(&d, "storm-app");
+    CHECK(c);
+    char id[LLMS_ID_MAX];
+    llms_params p = greedy(5);
+    CHECK_EQ(llms_context_create(c, NULL, NULL, id), LLMS_OK);
+    CHECK_EQ(llms_call(c, id, "remember this", &p, NULL, NULL, NULL), LLMS_OK);
+    llms_close(c);
+    static const int sigs[] = {SIGTERM, SIGINT, SIGTERM, SIGHUP};
+    int status = 0, sent = 0;
+    pid_t got = 0;
+    double t0 = proc_now();
+    while ((got = waitpid(d.pid, &status, WNOHANG)) == 0 && proc_now() - t0 < 60) {
+        kill(d.pid, sigs[sent++ % 4]);
+        usleep(200);
+    }
+    proc_track(0, d.pid);
+    CHECK_EQ(got, d.pid);
+    CHECK_MSG(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+              "after %d signals: %s %d", sent, WIFEXITED(status) ? "exit" : "killed by signal",
+              WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
+    d.pid = 0;
+    CHECK_MSG(proc_start(&d, llmsd_path, "storm", tiny_model, NULL) == 0, "llmsd did not restart");
+    c = proc_connect(&d, "storm-app");
+    CHECK(c);
+    llms_context_info info;
+    CHECK_EQ(llms_context_get(c, id, 1, &info), LLMS_OK);
+    CHECK(info.n_tokens > 0);
+    llms_context_info_free(&info);
+    llms_close(c);
+    CHECK_EQ(proc_stop(&d, SIGTERM), 0);
+}
+
 int main(int argc, char **argv)
 {
     (void)argc;
@@ -752,5 +794,6 @@ int main(int argc, char **argv)
         fprintf(stderr, "the shared llmsd did not exit cleanly\n");
     RUN(kill9_then_same_continuation);
     RUN(sigterm_loses_nothing);
+    RUN(repeated_stop_signals_exit_cleanly);
     return test_finish();
 }
