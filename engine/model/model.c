@@ -3891,17 +3891,22 @@ int model_forward_batch(model_runner *r, int n_seq, kv_seq *const *seqs,
                 return err_set(err, "forward: batches %d and %d have the same sequence", j, i);
     }
     /* faults may run forwards on this runner: they come before its scratch is used, and
-     * run to their end whatever the abort flag says (a fault that stopped would fail) */
+     * run to their end whatever the abort flag says (a fault that stopped would fail),
+     * leaving the pause's forward to this one */
     const _Atomic bool *abort = r->abort;
+    model_pause *pause = r->pause;
     r->abort = NULL;
+    r->pause = NULL;
     for (int i = 0; i < n_seq; i++) {
         model_name_batch(what, sizeof what, n_seq, i);
         if (model_fault_in(seqs[i], what, err) < 0) {
             r->abort = abort;
+            r->pause = pause;
             return -1;
         }
     }
     r->abort = abort;
+    r->pause = pause;
     /* a fault may have made room by dropping another sequence's chunk */
     for (int i = 0; i < n_seq; i++)
         for (int c = 0; c < seqs[i]->n_chunks; c++)
