@@ -249,15 +249,20 @@ tests: $(TEST_BIN) $(TOOL_BIN) $(DAEMON_BIN) $(CLIENT_CMD) $(CLIENT_SO)
 
 bench: $(BENCH_BIN)
 
+# `check`, `run`, `tsan` and `fuzz` build in makes of their own (a plain `make check` would
+# otherwise compile one file at a time); those run as many jobs as there are CPUs, unless
+# this make was given -j (its jobserver then shares that number with them).
+JOBS = $(if $(findstring jobserver,$(MAKEFLAGS)),,-j$(shell nproc 2>/dev/null || echo 1))
+
 # The whole suite: release build, then the same tests built with ASan/UBSan; and the CUDA
 # backend compiled where a toolkit is found (cuda-check). The programs run as many at once
 # as there are CPUs (tests/run.sh), the ASan ones first: they take longest, and started
 # last they would leave one core idle at the end.
 check: deps
-	@$(MAKE) --no-print-directory all tests
-	@$(MAKE) --no-print-directory BUILD=build/asan OPT=-O1 SIMD_OPT="$(SANITIZED_SIMD_OPT)" \
+	@$(MAKE) --no-print-directory $(JOBS) all tests
+	@$(MAKE) --no-print-directory $(JOBS) BUILD=build/asan OPT=-O1 SIMD_OPT="$(SANITIZED_SIMD_OPT)" \
 	    SANITIZE="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" tests
-	@$(MAKE) --no-print-directory cuda-check
+	@$(MAKE) --no-print-directory $(JOBS) cuda-check
 	@sh tests/run.sh build/asan build
 
 # Most machines that run the suite have no GPU, but may have the toolkit: there the CUDA
@@ -281,7 +286,7 @@ cuda-check:
 # and the engine 5-15 times slower. A race stops the process that has it (halt_on_error),
 # so a daemon's race fails the test talking to it, not only its log.
 tsan: deps
-	@$(MAKE) --no-print-directory BUILD=build/tsan OPT=-O1 SIMD_OPT="$(SANITIZED_SIMD_OPT)" \
+	@$(MAKE) --no-print-directory $(JOBS) BUILD=build/tsan OPT=-O1 SIMD_OPT="$(SANITIZED_SIMD_OPT)" \
 	    SANITIZE="-fsanitize=thread -fno-omit-frame-pointer" tests
 	@TSAN_OPTIONS="$${TSAN_OPTIONS:-halt_on_error=1 second_deadlock_stack=1}" \
 	    sh tests/run.sh build/tsan
@@ -290,7 +295,7 @@ tsan: deps
 # libraries with clang, the sanitizers and libFuzzer's coverage hooks, each file with its
 # own SIMD flags as above, and links each target against them.
 fuzz:
-	@$(MAKE) --no-print-directory BUILD=build/fuzz CC=clang OPT=-O1 \
+	@$(MAKE) --no-print-directory $(JOBS) BUILD=build/fuzz CC=clang OPT=-O1 \
 	    SANITIZE="-fsanitize=fuzzer-no-link,address,undefined -fno-omit-frame-pointer" fuzz-targets
 
 fuzz-targets: $(FUZZ_BIN)
@@ -300,7 +305,7 @@ $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(ALL_LIBS)
 	$(Q)$(CC) $(CFLAGS) -fsanitize=fuzzer $< $(ALL_LIBS) $(LDLIBS) -o $@
 
 run: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory $(JOBS) all
 	@sh scripts/demo.sh
 
 # The settings' documentation is made from the table in daemon/config.c (test_config fails
