@@ -74,6 +74,7 @@ static void read_chat(json_object *body, enum chat_family family)
     }
     toolcall_scan_free(hr.scan);
     toolcall_set_free(&hr.tools);
+    free(hr.whole_split);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
