@@ -518,7 +518,7 @@ static void quantize_q4_0(const float *x, qblock_q4_0 *b, int64_t nb)
 }
 
 /*
- * Fits x[0..n) ≈ scale * q - min with integers q in [0, nmax] and scale >= 0; with
+ * Fits x[0..n) (n <= 32) ≈ scale * q - min with integers q in [0, nmax] and scale >= 0; with
  * min_positive also min >= 0 (the K-quant sub-block model: its offset never exceeds
  * zero), without it any min (Q4_1, Q5_1). Tries grid spacings around (max - min) / nmax;
  * for each, rounds, then solves least squares for scale and offset given those q, and
@@ -539,15 +539,16 @@ static void fit_scale_min(const float *x, int n, int nmax, bool min_positive, fl
     if (!(hi > lo))
         return;
     double best_err = INFINITY;
+    uint8_t q[QB_32]; /* (n) the rounding of one trial */
     for (int k = -10; k <= 10; k++) {
         float iscale = ((float)nmax + 0.1f * (float)k) / (hi - lo);
         double sq = 0, sqq = 0, sx = 0, sqx = 0;
         for (int i = 0; i < n; i++) {
-            double q = round_clamp((x[i] - lo) * iscale, 0, nmax);
-            sq += q;
-            sqq += q * q;
+            q[i] = (uint8_t)round_clamp((x[i] - lo) * iscale, 0, nmax);
+            sq += q[i];
+            sqq += (double)q[i] * q[i];
             sx += x[i];
-            sqx += q * x[i];
+            sqx += (double)q[i] * x[i];
         }
         double den = n * sqq - sq * sq;
         if (den <= 0)
@@ -561,7 +562,7 @@ static void fit_scale_min(const float *x, int n, int nmax, bool min_positive, fl
             continue;
         double err = 0;
         for (int i = 0; i < n; i++) {
-            double q = round_clamp((x[i] - lo) * iscale, 0, nmax), e = a * q + b - x[i];
+            double e = a * q[i] + b - x[i];
             err += e * e;
         }
         if (err < best_err) {
@@ -694,7 +695,7 @@ static void quantize_q5_k(const float *x, qblock_q5_k *b, int64_t nb)
     }
 }
 
-/* Fits x[0..n) ≈ scale * q with integers q in [-nneg, nneg - 1]: tries spacings that map
+/* Fits x[0..n) (n <= 32) ≈ scale * q with integers q in [-nneg, nneg - 1]: tries spacings that map
  * the largest-magnitude value near -nneg (the one extra negative step), refits the scale
  * by least squares for each rounding, and keeps the one with the smallest squared error. */
 static float fit_scale_sym(const float *x, int n, int nneg)
@@ -703,19 +704,20 @@ static float fit_scale_sym(const float *x, int n, int nneg)
     if (mx == 0)
         return 0;
     double best_err = INFINITY;
+    int8_t q[QB_32]; /* (n) the rounding of one trial */
     for (int k = -9; k <= 9; k++) {
         float iscale = -((float)nneg + 0.1f * (float)k) / mx;
         double sqq = 0, sqx = 0;
         for (int i = 0; i < n; i++) {
-            double q = round_clamp(x[i] * iscale, -nneg, nneg - 1);
-            sqq += q * q;
-            sqx += q * x[i];
+            q[i] = (int8_t)round_clamp(x[i] * iscale, -nneg, nneg - 1);
+            sqq += (double)q[i] * q[i];
+            sqx += (double)q[i] * x[i];
         }
         if (sqq == 0)
             continue;
         double a = sqx / sqq, err = 0;
         for (int i = 0; i < n; i++) {
-            double e = a * round_clamp(x[i] * iscale, -nneg, nneg - 1) - x[i];
+            double e = a * q[i] - x[i];
             err += e * e;
         }
         if (err < best_err) {
@@ -769,12 +771,19 @@ static void quantize_q5_0(const float *x, qblock_q5_0 *b, int64_t nb)
     }
 }
 
-/* The grid index nearest v (the grid is sorted). */
+/* The midpoints between adjacent points of the IQ4 grid (half-integers, exact in f32). */
+static const float iq4_midpoint[15] = {
+    -115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
+    7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f,
+};
+
+/* The grid index nearest v, the lower one on a tie: the count of midpoints below v, found
+ * by a binary search without branches (it is the inner loop of the IQ4 scale search). */
 static int iq4_nearest(float v)
 {
     int k = 0;
-    while (k < 15 && v > 0.5f * (float)(qb_iq4_grid[k] + qb_iq4_grid[k + 1]))
-        k++;
+    for (int half = 8; half > 0; half /= 2)
+        k += half * (v > iq4_midpoint[k + half - 1]);
     return k;
 }
 

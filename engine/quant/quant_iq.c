@@ -630,13 +630,32 @@ static const iq_format *iq_format_of(uint32_t t)
  * entry is searched among those of the lattice point its values round to. */
 #define IQ_NEAR 6
 static int16_t nearest_of[CB_COUNT][IQ_LATTICE_MAX][IQ_NEAR];
+/* The midpoints between each codebook's adjacent levels (half-integers, exact in f32): a
+ * value rounds to the level above each midpoint it exceeds, to the lower one on a tie. */
+static float level_midpoint[CB_COUNT][7];
+/* Every codebook's entries as floats, codebook c's from entry_f32_start[c] on: the search
+ * measures its distances in f32 without converting bytes. */
+#define IQ_ENTRY_VALUES (8 * (256 + 512 + 1024 + 2048) + 4 * (256 + 512))
+static float entry_f32[IQ_ENTRY_VALUES];
+static int entry_f32_start[CB_COUNT];
 static pthread_once_t nearest_once = PTHREAD_ONCE_INIT;
+
+static const float *entry_floats(int c, int k)
+{
+    return entry_f32 + entry_f32_start[c] + codebooks[c].dim * k;
+}
 
 static void nearest_init(void)
 {
     pthread_once(&grid_once, grid_init);
     for (int c = 0; c < CB_COUNT; c++) {
         const iq_codebook *cb = &codebooks[c];
+        for (int l = 0; l + 1 < cb->n_levels; l++)
+            level_midpoint[c][l] = 0.5f * (float)(cb->levels[l] + cb->levels[l + 1]);
+        entry_f32_start[c] = c == 0 ? 0 : entry_f32_start[c - 1] + codebooks[c - 1].dim * codebooks[c - 1].n_entries;
+        for (int k = 0; k < cb->n_entries; k++)
+            for (int j = 0; j < cb->dim; j++)
+                entry_f32[entry_f32_start[c] + cb->dim * k + j] = entry_values(c, k)[j];
         int n = lattice_points(cb);
         for (int i = 0; i < n; i++) {
             uint64_t p = lattice_point(cb, i);
@@ -670,16 +689,15 @@ static int nearest_entry(int c, const float *t, float *v)
     const iq_codebook *cb = &codebooks[c];
     int point = 0, place = 1;
     for (int j = 0; j < cb->dim; j++, place *= cb->n_levels) {
-        int best = 0;
-        for (int l = 1; l < cb->n_levels; l++)
-            if (fabsf(t[j] - cb->levels[l]) < fabsf(t[j] - cb->levels[best]))
-                best = l;
-        point += best * place;
+        int level = 0;
+        for (int l = 0; l + 1 < cb->n_levels; l++)
+            level += t[j] > level_midpoint[c][l];
+        point += level * place;
     }
     int best = nearest_of[c][point][0];
     float best_err = FLT_MAX;
     for (int m = 0; m < IQ_NEAR; m++) {
-        const int8_t *e = entry_values(c, nearest_of[c][point][m]);
+        const float *e = entry_floats(c, nearest_of[c][point][m]);
         float err = 0;
         for (int j = 0; j < cb->dim; j++)
             err += (t[j] - e[j]) * (t[j] - e[j]);
@@ -688,7 +706,7 @@ static int nearest_entry(int c, const float *t, float *v)
             best = nearest_of[c][point][m];
         }
     }
-    const int8_t *e = entry_values(c, best);
+    const float *e = entry_floats(c, best);
     for (int j = 0; j < cb->dim; j++)
         v[j] = e[j];
     return best;
