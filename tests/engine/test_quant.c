@@ -281,6 +281,34 @@ static void iq4_nl_layout(void)
     }
 }
 
+/* Each IQ4_NL element is the grid point nearest its value for the scale as stored (the
+ * lower one on a tie), checked against every point of the grid. */
+static void iq4_nl_picks_the_nearest_grid_point(void)
+{
+    enum { N = 32 * 64 };
+    float x[N];
+    fill_gauss(x, N);
+    for (int j = 0; j < N; j += 5)
+        x[j] *= 8.0f; /* outliers put many values near the grid's inner midpoints */
+    uint8_t b[18 * (N / 32)];
+    quant_quantize_row(QTYPE_IQ4_NL, x, b, N);
+    for (int blk = 0; blk < N / 32; blk++) {
+        const uint8_t *q = b + 18 * blk;
+        float d = quant_f16_to_f32((uint16_t)(q[0] | q[1] << 8));
+        for (int j = 0; j < 32; j++) {
+            int nib = j < 16 ? q[2 + j] & 0xF : q[2 + j - 16] >> 4, want = 0;
+            float v = x[32 * blk + j];
+            for (int k = 1; k < 16; k++)
+                if (fabsf(v - d * (float)iq4_grid[k]) < fabsf(v - d * (float)iq4_grid[want]))
+                    want = k;
+            CHECK_MSG(nib == want || fabsf(v - d * (float)iq4_grid[nib]) ==
+                                         fabsf(v - d * (float)iq4_grid[want]),
+                      "block %d element %d: %g at d %g took %d, nearest %d", blk, j, (double)v,
+                      (double)d, nib, want);
+        }
+    }
+}
+
 /* MXFP4 as the OCP MX spec and ggml lay it out: byte 0 the E8M0 exponent e (scale
  * 2^(e - 127)), then 16 bytes of E2M1 codes, element j < 16 the low nibble of byte 1 + j
  * and j + 16 its high nibble; a code's bit 3 is its sign, bits 0-2 index the magnitudes
@@ -1460,6 +1488,7 @@ int main(void)
     RUN(q3_k_layout);
     RUN(q2_k_layout);
     RUN(iq4_nl_layout);
+    RUN(iq4_nl_picks_the_nearest_grid_point);
     RUN(iq4_xs_layout);
     RUN(mxfp4_layout);
     RUN(float_rows_layout);
