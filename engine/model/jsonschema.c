@@ -47,6 +47,7 @@ typedef struct builder {
     json_object *doc;
     uint32_t cap_nodes, cap_props, cap_spellings, cap_alts, cap_text, cap_patterns;
     size_t pattern_bytes; /* of every automaton so far */
+    uint64_t pattern_work; /* the steps taken to build every automaton so far (regex.h) */
     bool *done;       /* (cap_nodes) the node is filled (not a $ref target in progress) */
     ref_entry refs[REFS_MAX];
     int n_refs;
@@ -607,7 +608,8 @@ static int compile_pattern(builder *b, json_object *sch, const char *where, uint
     jsonschema_node *n = &s->nodes[id];
     char why[ERR_MAX];
     regex_dfa *dfa;
-    if (regex_compile(pattern, strlen(pattern), n->min_length, n->max_length, &dfa, why))
+    if (regex_compile_sharing(pattern, strlen(pattern), n->min_length, n->max_length,
+                              &b->pattern_work, &dfa, why))
         return err_set(b->err, "json schema: '%s' at %s: %.160s", key, where, why);
     s->patterns[s->n_patterns++] = dfa;
     b->pattern_bytes += regex_bytes(dfa);

@@ -28,10 +28,9 @@
 #define UNBOUNDED 0xFFFFu
 /* NFA states once repeats are expanded (12 bytes each). */
 #define NFA_MAX (1u << 18)
-/* The subset construction's work (NFA states visited) and memory (NFA states held in the
- * subsets of all its states): an unanchored pattern's subsets hold every place a match
- * may have started, which some patterns make large. */
-#define WORK_MAX (1u << 23)
+/* The subset construction's memory (NFA states held in the subsets of all its states; its
+ * work is bounded by REGEX_WORK_MAX): an unanchored pattern's subsets hold every place a
+ * match may have started, which some patterns make large. */
 #define HELD_MAX (1u << 21)
 /* Slots of the open-addressed tables of automaton states: at most half full. */
 #define HASH_SLOTS (2 * REGEX_STATES_MAX)
@@ -889,11 +888,23 @@ static uint32_t hash_words(const uint32_t *w, uint32_t n)
 
 /* ---- subset construction ---- */
 
+/* A hash of a set of NFA states that does not depend on their order, so that a subset is
+ * found without sorting it: each state's mix, summed. */
+static uint32_t hash_set(const uint32_t *q, uint32_t n)
+{
+    uint64_t sum = 0x9E3779B97F4A7C15ull ^ n;
+    for (uint32_t i = 0; i < n; i++) {
+        uint64_t h = (q[i] + 0x632BE59BD9B4E019ull) * 0xFF51AFD7ED558CCDull;
+        sum += h ^ (h >> 32);
+    }
+    return (uint32_t)(sum ^ (sum >> 32));
+}
+
 typedef struct subsets {
     const nfa *m;
     automaton *a;
     uint32_t *held;  /* the NFA states of each DFA state (its NFA_BYTES and NFA_MATCH ones,
-                        sorted), one state's after another's */
+                        in no order), one state's after another's */
     uint32_t n_held, cap_held;
     uint32_t *off;   /* (a->n + 1) where each DFA state's NFA states start in held */
     uint32_t cap_off;
@@ -903,14 +914,18 @@ typedef struct subsets {
     uint32_t *todo;  /* the closure's stack */
     uint32_t n_todo, cap_todo;
     uint32_t universal; /* the DFA state of the NFA's universal loop; UINT32_MAX until made */
-    uint64_t work;
+    uint64_t work;        /* steps taken, those of the caller's earlier patterns in */
+    uint64_t work_before; /* the earlier patterns' steps */
     char *err;
 } subsets;
 
-static int too_complex(char *err)
+static int too_complex(const subsets *d)
 {
-    return err_set(err, "pattern: too complex: its automaton takes more than %u steps to build",
-                   WORK_MAX);
+    if (d->work_before)
+        return err_set(d->err, "pattern: too complex: its automaton and those of the patterns "
+                               "before it take more than %u steps to build", REGEX_WORK_MAX);
+    return err_set(d->err, "pattern: too complex: its automaton takes more than %u steps to build",
+                   REGEX_WORK_MAX);
 }
 
 static int todo_push(subsets *d, uint32_t q)
@@ -921,10 +936,14 @@ static int todo_push(subsets *d, uint32_t q)
     return 0;
 }
 
-static int u32_order(const void *a, const void *b)
+/* Whether every NFA state of DFA state s is in the closure just taken (as both sets hold
+ * no state twice, with equal sizes: whether they are the same set). */
+static bool subset_is_marked(const subsets *d, uint32_t s)
 {
-    uint32_t x = *(const uint32_t *)a, y = *(const uint32_t *)b;
-    return (x > y) - (x < y);
+    for (uint32_t i = d->off[s]; i < d->off[s + 1]; i++)
+        if (d->mark[d->held[i]] != d->gen)
+            return false;
+    return true;
 }
 
 /* The DFA state of the NFA states that seeds lead to without a byte: found, or made. A
@@ -945,8 +964,8 @@ static int subset_state(subsets *d, const uint32_t *seeds, uint32_t n_seeds, uin
         if (!q || d->mark[q] == d->gen)
             continue;
         d->mark[q] = d->gen;
-        if (++d->work > WORK_MAX)
-            return too_complex(d->err);
+        if (++d->work > REGEX_WORK_MAX)
+            return too_complex(d);
         const nfa_state *s = &m->states[q];
         universal |= q == m->universal;
         if (s->kind == NFA_SPLIT) {
@@ -956,7 +975,7 @@ static int subset_state(subsets *d, const uint32_t *seeds, uint32_t n_seeds, uin
         }
         accept |= s->kind == NFA_MATCH;
         if (d->n_held == HELD_MAX)
-            return too_complex(d->err);
+            return too_complex(d);
         if (arraygrow((void **)&d->held, &d->cap_held, d->n_held, sizeof *d->held, 1))
             return oom(d->err);
         d->held[d->n_held++] = q;
@@ -966,16 +985,14 @@ static int subset_state(subsets *d, const uint32_t *seeds, uint32_t n_seeds, uin
         *id = d->universal;
         return 0;
     }
-    uint32_t n = d->n_held - base, *set = d->held + base, slot;
-    if (n > 1)
-        qsort(set, n, sizeof *set, u32_order);
-    for (slot = hash_words(set, n) & (HASH_SLOTS - 1);; slot = (slot + 1) & (HASH_SLOTS - 1)) {
+    uint32_t n = d->n_held - base, slot;
+    for (slot = hash_set(d->held + base, n) & (HASH_SLOTS - 1);;
+         slot = (slot + 1) & (HASH_SLOTS - 1)) {
         uint32_t s = d->slots[slot];
         if (!s)
             break;
         s--;
-        if (d->off[s + 1] - d->off[s] == n &&
-            (n == 0 || !memcmp(d->held + d->off[s], set, n * sizeof *set))) {
+        if (d->off[s + 1] - d->off[s] == n && subset_is_marked(d, s)) {
             d->n_held = base;
             *id = s;
             return 0;
@@ -1010,9 +1027,11 @@ static void nfa_classes(const nfa *m, automaton *a)
     a->k = k + 1;
 }
 
-static int determinise(const nfa *m, automaton *a, char *err)
+/* The subset construction of m into a, its steps counted into *work. */
+static int determinise(const nfa *m, automaton *a, uint64_t *work, char *err)
 {
-    subsets d = {.m = m, .a = a, .universal = UINT32_MAX, .err = err};
+    subsets d = {.m = m, .a = a, .universal = UINT32_MAX, .work = *work, .work_before = *work,
+                 .err = err};
     uint32_t *targets = NULL, cap_targets = 0, count[256], at[256], dead;
     nfa_classes(m, a);
     int rc = -1;
@@ -1026,7 +1045,7 @@ static int determinise(const nfa *m, automaton *a, char *err)
     if (automaton_add(a, false, "", err, &dead))
         goto out;
     d.off[0] = d.off[1] = 0;
-    d.slots[hash_words(NULL, 0) & (HASH_SLOTS - 1)] = 1;
+    d.slots[hash_set(NULL, 0) & (HASH_SLOTS - 1)] = 1;
     if ((m->universal && subset_state(&d, &m->universal, 1, &d.universal)) ||
         subset_state(&d, &m->start, 1, &a->start))
         goto out;
@@ -1042,8 +1061,8 @@ static int determinise(const nfa *m, automaton *a, char *err)
                 count[c]++;
         }
         d.work += total;
-        if (d.work > WORK_MAX) {
-            too_complex(err);
+        if (d.work > REGEX_WORK_MAX) {
+            too_complex(&d);
             goto out;
         }
         if (arraygrow((void **)&targets, &cap_targets, 0, sizeof *targets, total)) {
@@ -1072,6 +1091,7 @@ static int determinise(const nfa *m, automaton *a, char *err)
     }
     rc = 0;
 out:
+    *work = d.work;
     free(targets);
     free(d.held);
     free(d.off);
@@ -1434,6 +1454,13 @@ static int no_match(const char *pattern, size_t len, uint32_t min, uint32_t max,
 int regex_compile(const char *pattern, size_t len, uint32_t min_chars, uint32_t max_chars,
                   regex_dfa **out, char err[ERR_MAX])
 {
+    uint64_t work = 0;
+    return regex_compile_sharing(pattern, len, min_chars, max_chars, &work, out, err);
+}
+
+int regex_compile_sharing(const char *pattern, size_t len, uint32_t min_chars,
+                          uint32_t max_chars, uint64_t *work, regex_dfa **out, char err[ERR_MAX])
+{
     tree t = {0};
     nfa m = {.err = err};
     automaton a = {0}, p = {0};
@@ -1443,7 +1470,7 @@ int regex_compile(const char *pattern, size_t len, uint32_t min_chars, uint32_t 
         rc = nfa_build(&m, &t);
     tree_free(&t);
     if (!rc)
-        rc = determinise(&m, &a, err);
+        rc = determinise(&m, &a, work, err);
     free(m.states);
     free(m.shared);
     if (!rc)

@@ -46,6 +46,10 @@ typedef struct regex_dfa regex_dfa;
 /* The largest count a repeat ({n,m}) may name. */
 #define REGEX_REPEAT_MAX 1000
 
+/* The most steps (NFA states visited) the construction of an automaton may take: some
+ * tenths of a second. */
+#define REGEX_WORK_MAX (1u << 23)
+
 /* Compiles pattern (len bytes) into an automaton whose accepted strings are exactly those
  * that:
  *   - the pattern matches: JSON Schema's patterns are not anchored, so "abc" matches any
@@ -61,6 +65,13 @@ typedef struct regex_dfa regex_dfa;
  * are bounded, so that a refusal comes in a fraction of a second). */
 int regex_compile(const char *pattern, size_t len, uint32_t min_chars, uint32_t max_chars,
                   regex_dfa **out, char err[ERR_MAX]);
+
+/* regex_compile with a budget shared among patterns: *work holds the construction steps
+ * of the caller's earlier patterns and gets this one's added; the sum may not pass
+ * REGEX_WORK_MAX. A client's request that brings many patterns (a JSON Schema's) then
+ * costs no more time to refuse or compile than one pattern. */
+int regex_compile_sharing(const char *pattern, size_t len, uint32_t min_chars,
+                          uint32_t max_chars, uint64_t *work, regex_dfa **out, char err[ERR_MAX]);
 
 /* NULL is fine. */
 void regex_free(regex_dfa *dfa);

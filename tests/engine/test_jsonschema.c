@@ -270,6 +270,26 @@ static void patterns_and_formats(void)
                {"{\"url\":\"not checked\"}", 1});
 }
 
+/* A schema's patterns share one budget of construction steps (REGEX_WORK_MAX), so that a
+ * request bringing many costly ones is refused in the time one takes: a pattern that
+ * compiles alone (some 1.5M steps) is refused once sixteen properties repeat it. */
+static void patterns_share_one_budget(void)
+{
+    static const char costly[] = "{\"type\":\"string\",\"pattern\":\"[^x]{15}[^y]{15}\"}";
+    char text[2048];
+    int n = snprintf(text, sizeof text, "{\"type\":\"object\",\"properties\":{\"p0\":%s}}",
+                     costly);
+    jsonschema_free(compile_or_fail(text));
+    n = snprintf(text, sizeof text, "{\"type\":\"object\",\"properties\":{");
+    for (int i = 0; i < 16; i++)
+        n += snprintf(text + n, sizeof text - (size_t)n, "%s\"p%d\":%s", i ? "," : "", i, costly);
+    snprintf(text + n, sizeof text - (size_t)n, "}}");
+    char err[ERR_MAX] = "";
+    jsonschema *s = NULL;
+    CHECK(jsonschema_compile(text, strlen(text), &s, err) == -1 && !s);
+    CHECK_MSG(strstr(err, "and those of the patterns before it take more than"), "%s", err);
+}
+
 static void strings_count_characters(void)
 {
     CHECK_DOCS("{\"type\":\"object\",\"properties\":{\"s\":{\"type\":\"string\",\"minLength\":2,"
@@ -769,6 +789,7 @@ int main(void)
     RUN(arrays_count_their_items);
     RUN(tuples_type_each_item);
     RUN(patterns_and_formats);
+    RUN(patterns_share_one_budget);
     RUN(strings_count_characters);
     RUN(integers_keep_their_bounds);
     RUN(numbers_keep_their_bounds);

@@ -4,7 +4,7 @@
  * the rest is what the client sends, then it shuts its side. The connection is served
  * on one end of a socketpair as if accepted. The hooks answer each request by what its
  * target holds: "stream" streams three chunks, "skip" answers without reading the body,
- * anything else reads the body and echoes it. Every request the hooks see must have a
+ * a body over 1 MiB is refused (413) unread, anything else reads the body and echoes it. Every request the hooks see must have a
  * method, a target and a body of its Content-Length; the connection must end once the
  * client has gone, and nothing may crash or leak. httpwire's internals are static, so this
  * file includes httpwire.c itself. */
@@ -13,6 +13,9 @@
 #include <fcntl.h>
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* The largest body the hooks take (the gateway's http_max_body_bytes). */
+#define FUZZ_MAX_BODY (1u << 20)
 
 /* Event-loop turns a connection may take after its client has gone. */
 #define FUZZ_MAX_TURNS 100000
@@ -57,6 +60,13 @@ static bool hook_head(void *arg, httpwire_conn *c)
     if (strstr(target, "skip")) {
         st->requests++;
         httpwire_reply(c, 404, "{}", 2);
+        return false;
+    }
+    /* as the gateway's head hook refuses a body over http_max_body_bytes before httpwire
+     * allocates it */
+    if (httpwire_content_length(c) > FUZZ_MAX_BODY) {
+        st->requests++;
+        httpwire_reply(c, 413, "{}", 2);
         return false;
     }
     return true;
