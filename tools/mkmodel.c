@@ -39,7 +39,7 @@
  *           [--yarn-factor F [--mscale-all-dim M] [--rope-orig-ctx N]]   (V2's YaRN;
  *                                   original context default C / F)
  *   mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)
- *           [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...
+ *           [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]... [--threads N]
  *   mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A] [--type f32|f16|bf16|q8_0]
  *           [--targets q,k,v,o,gate,up,down,output,token_embd] [--seed S] [--threads N]
  *   mkmodel --help | --version
@@ -164,6 +164,7 @@ static void usage(FILE *out)
             "               [--nextn N]  (prediction layers after the model's)\n"
             "       mkmodel -o OUT.gguf --from IN.gguf --type TYPE (any of the above)\n"
             "               [--lora ADAPTER.gguf]... [--lora-scaled ADAPTER.gguf SCALE]...\n"
+            "               [--threads N]\n"
             "       mkmodel -o OUT.gguf --lora-of BASE.gguf --rank R [--alpha A]\n"
             "               [--type f32|f16|bf16|q8_0] [--seed S] [--threads N]\n"
             "               [--targets q,k,v,o,gate,up,down,output,token_embd]\n"
@@ -446,7 +447,8 @@ int main(int argc, char **argv)
     if (lora_of && p.mix != MODELGEN_MIX_NONE)
         bad_usage("--lora-of: '%s' is a mix; give one type", type);
     if (from) {
-        if (modelgen_convert(from, out, p.type, p.mix, n_lora, lora, lora_scale, err) < 0) {
+        if (modelgen_convert(from, out, p.type, p.mix, n_lora, lora, lora_scale, p.n_threads,
+                             err) < 0) {
             fprintf(stderr, "mkmodel: %s: %s\n", from, err);
             unlink(out);
             return 1;

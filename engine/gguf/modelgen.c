@@ -1427,8 +1427,31 @@ static uint32_t arch_u32(const gguf_file *g, const char *suffix)
     return v;
 }
 
+/* One tensor's rows dequantized from one type and quantized to another, split among a
+ * pool's threads: the quantizers' searches make conversion CPU-bound. */
+typedef struct convert_job {
+    uint32_t from, to;
+    const uint8_t *src; /* (rows, in_rb bytes) */
+    uint8_t *dst;       /* (rows, out_rb bytes) */
+    size_t in_rb, out_rb;
+    int64_t n, rows;
+    float *row_buf; /* (n_threads, n) */
+} convert_job;
+
+static void convert_rows_job(void *p, int ith, int nth)
+{
+    convert_job *j = p;
+    float *row = j->row_buf + (size_t)ith * (size_t)j->n;
+    long b, e;
+    tp_split(j->rows, ith, nth, &b, &e);
+    for (long r = b; r < e; r++) {
+        quant_dequantize_row(j->from, j->src + (size_t)r * j->in_rb, row, j->n);
+        quant_quantize_row(j->to, row, j->dst + (size_t)r * j->out_rb, j->n);
+    }
+}
+
 int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mix mix,
-                     int n_lora, const char *const *lora, const float *scales,
+                     int n_lora, const char *const *lora, const float *scales, int n_threads,
                      char err[ERR_MAX])
 {
     const quant_traits *tt = quant_traits_of(type);
@@ -1441,7 +1464,8 @@ int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mi
     int64_t n_tensors = gguf_n_tensors(g);
     void **bufs = calloc((size_t)n_tensors + 1, sizeof *bufs);
     modelgen_merge *ad = calloc((size_t)n_lora + 1, sizeof *ad);
-    float *row = NULL;
+    float *row = NULL; /* (n_threads, the widest matrix converted so far) */
+    tp_pool *pool = NULL; /* made by the first matrix to convert */
     int rc = -1;
     if (!w || !bufs || !ad) {
         err_set(err, "out of memory");
@@ -1491,8 +1515,10 @@ int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mi
                 err_set(err, "%s: type %s cannot be written", name, quant_traits_of(want)->name);
                 goto out;
             }
+            if (!pool && !(pool = tp_new(n_threads, err)))
+                goto out;
             size_t in_rb = quant_row_bytes(t->type, n), out_rb = quant_row_bytes(want, n);
-            float *grown = realloc(row, sizeof *row * (size_t)n);
+            float *grown = realloc(row, sizeof *row * (size_t)n * (size_t)tp_n_threads(pool));
             bufs[i] = malloc(out_rb * (size_t)rows);
             if (!grown || !bufs[i]) {
                 row = grown ? grown : row;
@@ -1500,10 +1526,8 @@ int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mi
                 goto out;
             }
             row = grown;
-            for (int64_t r = 0; r < rows; r++) {
-                quant_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * in_rb, row, n);
-                quant_quantize_row(want, row, (uint8_t *)bufs[i] + (size_t)r * out_rb, n);
-            }
+            convert_job job = {t->type, want, t->data, bufs[i], in_rb, out_rb, n, rows, row};
+            tp_run(pool, convert_rows_job, &job);
             data = bufs[i], to = want;
         }
         if (gguf_writer_add_tensor(w, name, to, t->n_dims, t->ne, data) < 0) {
@@ -1517,6 +1541,7 @@ out:
         free(bufs[i]);
     for (int i = 0; ad && i < n_lora; i++)
         gguf_close(ad[i].g);
+    tp_free(pool);
     free(bufs), free(row), free(ad);
     gguf_writer_free(w);
     gguf_close(g);

@@ -267,10 +267,11 @@ int modelgen_write_lora(const modelgen_lora_params *p, const char *path, char er
  * llama-export-lora does: W + sum of s B A computed in double from the dequantized
  * weights, then rounded to type. An adapter of another architecture, with a pair
  * missing, a shape that does not fit its matrix or a tensor of no matrix of in's is an
- * error. 0, or -1 with err.
+ * error. Rows are converted on n_threads threads (<= 0: online CPUs); the bytes written do
+ * not depend on how many. 0, or -1 with err.
  */
 int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mix mix,
-                     int n_lora, const char *const *lora, const float *scales,
+                     int n_lora, const char *const *lora, const float *scales, int n_threads,
                      char err[ERR_MAX]);
 
 #endif

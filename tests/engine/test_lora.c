@@ -81,7 +81,7 @@ static int merge(const char *base, const char *out, int n, const char *const *lo
                  const float *scales)
 {
     char err[ERR_MAX];
-    if (modelgen_convert(base, out, QTYPE_F32, MODELGEN_MIX_NONE, n, loras, scales, err) < 0) {
+    if (modelgen_convert(base, out, QTYPE_F32, MODELGEN_MIX_NONE, n, loras, scales, 0, err) < 0) {
         printf("       modelgen_convert: %s\n", err);
         return -1;
     }

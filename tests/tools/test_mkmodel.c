@@ -76,6 +76,42 @@ static void q8_0_to_f32_and_back(void)
     gguf_close(q), gguf_close(f), gguf_close(b);
 }
 
+/* Whether the files at a and b hold the same bytes. */
+static bool same_bytes(const char *a, const char *b)
+{
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    while (same) {
+        int ca = getc(fa), cb = getc(fb);
+        same = ca == cb;
+        if (ca == EOF)
+            break;
+    }
+    if (fa)
+        fclose(fa);
+    if (fb)
+        fclose(fb);
+    return same;
+}
+
+/* Rows are converted on several threads, and the file does not depend on how many. */
+static void conversions_do_not_depend_on_threads(void)
+{
+    static const char *const types[] = {"q4_k_m", "iq3_s"};
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        char one[1100], three[1100], args[4096], err[1024];
+        snprintf(one, sizeof one, "%s/threads1.gguf", test_tmpdir());
+        snprintf(three, sizeof three, "%s/threads3.gguf", test_tmpdir());
+        snprintf(args, sizeof args, "-o '%s' --from '%s' --type %s --threads 1", one, f32_path,
+                 types[i]);
+        CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+        snprintf(args, sizeof args, "-o '%s' --from '%s' --type %s --threads 3", three, f32_path,
+                 types[i]);
+        CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+        CHECK_MSG(same_bytes(one, three), "%s: 1 and 3 threads wrote different files", types[i]);
+    }
+}
+
 /* Mistakes are refused with a message, and nothing is left behind. */
 static void bad_conversions_are_refused(void)
 {
@@ -796,6 +832,7 @@ int main(int argc, char **argv)
         return 1;
     }
     RUN(q8_0_to_f32_and_back);
+    RUN(conversions_do_not_depend_on_threads);
     RUN(bad_conversions_are_refused);
     RUN(lora_of_writes_llama_cpp_adapters);
     RUN(from_merges_adapters);
