@@ -70,7 +70,7 @@ void toolcall_set_free(toolcall_set *ts);
 int toolcall_constrain(const toolcall_set *ts, Llms__GenerationParams *p, char *msg, size_t cap);
 
 /* The messages (OpenAI's or ollama's: role system/developer, user, assistant with
- * "tool_calls", tool) rendered with ts's tools and the assistant opening (with a forced
+ * "tool_calls", tool) rendered with ts's tools (a set toolcall_read filled without error) and the assistant opening (with a forced
  * tool_choice, the call's opening too: chatml's "<tool_call>\n", mistral's
  * "[TOOL_CALLS]["); date is llama3's "Today Date" (gpt-oss's "Current date",
  * YYYY-MM-DD), enable_thinking the template's switch (chat_apply_think), effort

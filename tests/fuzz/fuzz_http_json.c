@@ -45,8 +45,13 @@ static void read_chat(json_object *body, enum chat_family family)
     if (openai_read_thinking(&hr, msg, sizeof msg) < 0 && !msg[0])
         abort();
     msg[0] = '\0';
-    if (toolcall_read(body, family, &hr.tools, msg, sizeof msg) < 0 && !msg[0])
-        abort();
+    if (toolcall_read(body, family, &hr.tools, msg, sizeof msg) < 0) {
+        /* refused: the gateway answers with msg and renders nothing */
+        if (!msg[0])
+            abort();
+        toolcall_set_free(&hr.tools);
+        return;
+    }
     json_object *msgs;
     msg[0] = '\0';
     if (jsonfield_get(body, "messages", "", json_type_array, &msgs, msg, sizeof msg) == 1 &&
