@@ -70,9 +70,10 @@ void toolcall_set_free(toolcall_set *ts);
 int toolcall_constrain(const toolcall_set *ts, Llms__GenerationParams *p, char *msg, size_t cap);
 
 /* The messages (OpenAI's or ollama's: role system/developer, user, assistant with
- * "tool_calls", tool) rendered with ts's tools (a set toolcall_read filled without error) and the assistant opening (with a forced
- * tool_choice, the call's opening too: chatml's "<tool_call>\n", mistral's
- * "[TOOL_CALLS]["); date is llama3's "Today Date" (gpt-oss's "Current date",
+ * "tool_calls", tool) rendered with ts's tools (a set toolcall_read filled without
+ * error) and the assistant opening (with a forced tool_choice, the call's opening too:
+ * chatml's "<tool_call>\n", mistral's "[TOOL_CALLS]["); date is llama3's "Today Date"
+ * (gpt-oss's "Current date",
  * YYYY-MM-DD), enable_thinking the template's switch (chat_apply_think), effort
  * gpt-oss's reasoning effort (NULL: medium; engine/tok/chatharmony.h, which also gets an
  * assistant message's "reasoning_content" or ollama's "thinking"). Call ids become mistral's 9 letters

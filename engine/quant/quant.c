@@ -695,9 +695,10 @@ static void quantize_q5_k(const float *x, qblock_q5_k *b, int64_t nb)
     }
 }
 
-/* Fits x[0..n) (n <= 32) ≈ scale * q with integers q in [-nneg, nneg - 1]: tries spacings that map
- * the largest-magnitude value near -nneg (the one extra negative step), refits the scale
- * by least squares for each rounding, and keeps the one with the smallest squared error. */
+/* Fits x[0..n) (n <= 32) ≈ scale * q with integers q in [-nneg, nneg - 1]: tries spacings
+ * that map the largest-magnitude value near -nneg (the one extra negative step), refits the
+ * scale by least squares for each rounding, and keeps the one with the smallest squared
+ * error. */
 static float fit_scale_sym(const float *x, int n, int nneg)
 {
     float mx = signed_absmax(x, n), best = 0;
@@ -771,7 +772,9 @@ static void quantize_q5_0(const float *x, qblock_q5_0 *b, int64_t nb)
     }
 }
 
-/* The midpoints between adjacent points of the IQ4 grid (half-integers, exact in f32). */
+/* The midpoints between adjacent points of qb_iq4_grid (half-integers, exact in f32),
+ * written out: computed in the search they cost it a third of its speed. test_quant's
+ * iq4_nl_picks_the_nearest_grid_point holds them to the grid. */
 static const float iq4_midpoint[15] = {
     -115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
     7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f,

@@ -648,14 +648,15 @@ static const float *entry_floats(int c, int k)
 static void nearest_init(void)
 {
     pthread_once(&grid_once, grid_init);
-    for (int c = 0; c < CB_COUNT; c++) {
+    for (int c = 0, start = 0; c < CB_COUNT; c++) {
         const iq_codebook *cb = &codebooks[c];
         for (int l = 0; l + 1 < cb->n_levels; l++)
             level_midpoint[c][l] = 0.5f * (float)(cb->levels[l] + cb->levels[l + 1]);
-        entry_f32_start[c] = c == 0 ? 0 : entry_f32_start[c - 1] + codebooks[c - 1].dim * codebooks[c - 1].n_entries;
+        entry_f32_start[c] = start;
         for (int k = 0; k < cb->n_entries; k++)
             for (int j = 0; j < cb->dim; j++)
-                entry_f32[entry_f32_start[c] + cb->dim * k + j] = entry_values(c, k)[j];
+                entry_f32[start + cb->dim * k + j] = entry_values(c, k)[j];
+        start += cb->dim * cb->n_entries;
         int n = lattice_points(cb);
         for (int i = 0; i < n; i++) {
             uint64_t p = lattice_point(cb, i);

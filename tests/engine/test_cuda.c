@@ -511,7 +511,8 @@ static void test_docs_model(void)
     snprintf(q4km, sizeof q4km, "%s/docs-q4_k_m.gguf", test_tmpdir());
     CHECK_MSG(modelgen_convert(q8, f16, QTYPE_F16, MODELGEN_MIX_NONE, 0, NULL, NULL, 0, err) == 0,
               "%s", err);
-    CHECK_MSG(modelgen_convert(q8, q4km, QTYPE_Q4_K, MODELGEN_MIX_Q4_K_M, 0, NULL, NULL, 0, err) == 0,
+    CHECK_MSG(modelgen_convert(q8, q4km, QTYPE_Q4_K, MODELGEN_MIX_Q4_K_M, 0, NULL, NULL, 0,
+                               err) == 0,
               "%s", err);
     check_docs_file(q8, "Q8_0", 0);
     check_docs_file(f16, "F16", 0);

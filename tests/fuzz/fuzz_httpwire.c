@@ -4,10 +4,10 @@
  * the rest is what the client sends, then it shuts its side. The connection is served
  * on one end of a socketpair as if accepted. The hooks answer each request by what its
  * target holds: "stream" streams three chunks, "skip" answers without reading the body,
- * a body over 1 MiB is refused (413) unread, anything else reads the body and echoes it. Every request the hooks see must have a
- * method, a target and a body of its Content-Length; the connection must end once the
- * client has gone, and nothing may crash or leak. httpwire's internals are static, so this
- * file includes httpwire.c itself. */
+ * a body over 1 MiB is refused (413) unread, anything else reads the body and echoes it.
+ * Every request the hooks see must have a method, a target and a body of its
+ * Content-Length; the connection must end once the client has gone, and nothing may crash
+ * or leak. httpwire's internals are static, so this file includes httpwire.c itself. */
 #include "daemon/net/httpwire.c" /* IWYU pragma: keep */
 
 #include <fcntl.h>

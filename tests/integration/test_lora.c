@@ -540,7 +540,8 @@ static int make_adapters(void)
     float one = 1.0f, tb_scale = 1.5f;
     const modelgen_mix none = MODELGEN_MIX_NONE;
     int rc = modelgen_write_lora(&a, ad_a, err) < 0 || modelgen_write_lora(&b, ad_b, err) < 0 ||
-                     modelgen_convert(base_path, merged_a, QTYPE_F32, none, 1, &pa, &one, 0, err) < 0 ||
+                     modelgen_convert(base_path, merged_a, QTYPE_F32, none, 1, &pa, &one, 0,
+                                      err) < 0 ||
                      modelgen_convert(base_path, merged_b, QTYPE_F32, none, 1, &pb, &tb_scale, 0,
                                       err) < 0
                  ? -1

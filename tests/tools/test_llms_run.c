@@ -503,7 +503,8 @@ static void lora_flags_apply_adapters(void)
     CHECK_MSG(rc == 0, "%s", err);
     const char *ab[2] = {a, b};
     float s1 = 1.5f, s2[2] = {1.5f, -2.0f};
-    CHECK_MSG(modelgen_convert(stories(), m1, QTYPE_F32, MODELGEN_MIX_NONE, 1, ab, &s1, 0, err) == 0,
+    CHECK_MSG(modelgen_convert(stories(), m1, QTYPE_F32, MODELGEN_MIX_NONE, 1, ab, &s1, 0,
+                               err) == 0,
               "%s", err);
     CHECK_MSG(modelgen_convert(stories(), m2, QTYPE_F32, MODELGEN_MIX_NONE, 2, ab, s2, 0, err) == 0,
               "%s", err);
