@@ -1307,82 +1307,123 @@ static float *modelgen_merge_matrix(const modelgen_merge *a, const gguf_tensor *
     return m;
 }
 
-/* Adds s B A of adapter a's pair for name (if it has one) to w, the base matrix of rows
- * rows of cols, in double: acc (cols) holds one row. 0, or -1 + err. */
-static int modelgen_merge_pair(modelgen_merge *a, const char *name, int64_t rows, int64_t cols,
-                               double *w, char err[ERR_MAX])
+/* One adapter's pair for the matrix being merged, dequantized: B A added to the matrix's
+ * rows of cols, or for the token embedding A B^T, a row per token. */
+typedef struct merge_pair {
+    float *A;     /* (rank, cols); token_embd: (rows, rank) */
+    float *B;     /* (rows, rank); token_embd: (cols, rank) */
+    int64_t rank;
+    double scale; /* the user's scale * alpha / rank */
+    bool embd;
+} merge_pair;
+
+/* Loads adapter a's pair for name into *p (p->A NULL where a has none; the caller frees A
+ * and B, on failure too). 0, or -1 + err. */
+static int modelgen_merge_pair_load(const modelgen_merge *a, const char *name, int64_t rows,
+                                    int64_t cols, merge_pair *p, char err[ERR_MAX])
 {
     char an[160], bn[160];
     snprintf(an, sizeof an, "%s.lora_a", name);
     snprintf(bn, sizeof bn, "%s.lora_b", name);
     const gguf_tensor *ta = gguf_find_tensor(a->g, an), *tb = gguf_find_tensor(a->g, bn);
+    *p = (merge_pair){0};
     if (!ta && !tb)
         return 0;
     if (!ta || !tb)
         return err_set(err, "%s: '%s' has only one of lora_a and lora_b", a->path, name);
-    bool embd = strcmp(name, "token_embd.weight") == 0;
-    int64_t rank = tb->ne[0];
-    bool fits = embd ? ta->ne[0] == rank && ta->ne[1] == rows && tb->ne[1] == cols
-                     : ta->ne[0] == cols && ta->ne[1] == rank && tb->ne[1] == rows;
+    p->embd = strcmp(name, "token_embd.weight") == 0;
+    p->rank = tb->ne[0];
+    bool fits = p->embd ? ta->ne[0] == p->rank && ta->ne[1] == rows && tb->ne[1] == cols
+                        : ta->ne[0] == cols && ta->ne[1] == p->rank && tb->ne[1] == rows;
     if (!fits)
         return err_set(err, "%s: the shapes of '%s' (lora_a [%lld, %lld], lora_b [%lld, %lld]) "
                             "do not fit the model's [%lld, %lld]", a->path, name,
                        (long long)ta->ne[0], (long long)ta->ne[1], (long long)tb->ne[0],
                        (long long)tb->ne[1], (long long)cols, (long long)rows);
-    float *A = modelgen_merge_matrix(a, ta, err), *B = A ? modelgen_merge_matrix(a, tb, err) : NULL;
-    if (!B) {
-        free(A);
-        return -1;
-    }
-    double s = (double)a->scale * (a->alpha != 0.0f ? (double)a->alpha / (double)rank : 1.0);
-    for (int64_t o = 0; o < rows; o++) {
-        double *wo = w + (size_t)o * cols;
-        if (embd) { /* row o is token o: A's row o (rank) through B (cols rows of rank) */
-            for (int64_t d = 0; d < cols; d++) {
-                double e = 0;
-                for (int64_t k = 0; k < rank; k++)
-                    e += (double)A[(size_t)o * rank + k] * B[(size_t)d * rank + k];
-                wo[d] += s * e;
+    p->scale = (double)a->scale * (a->alpha != 0.0f ? (double)a->alpha / (double)p->rank : 1.0);
+    p->A = modelgen_merge_matrix(a, ta, err);
+    p->B = p->A ? modelgen_merge_matrix(a, tb, err) : NULL;
+    return p->B ? 0 : -1;
+}
+
+/* A base matrix's rows with every adapter's pair added in double and rounded to a type,
+ * split among a pool's threads; each row's sums run in one order, so the bytes do not
+ * depend on the number of threads. */
+typedef struct merge_job {
+    uint32_t from, to;
+    const uint8_t *src; /* (rows, in_rb bytes) */
+    uint8_t *dst;       /* (rows, out_rb bytes) */
+    size_t in_rb, out_rb;
+    int64_t rows, cols;
+    const merge_pair *pairs; /* (n_pairs) */
+    int n_pairs;
+    double *acc; /* (n_threads, cols) */
+    float *row;  /* (n_threads, cols) */
+} merge_job;
+
+static void merge_rows_job(void *p, int ith, int nth)
+{
+    merge_job *j = p;
+    int64_t cols = j->cols;
+    double *acc = j->acc + (size_t)ith * (size_t)cols;
+    float *row = j->row + (size_t)ith * (size_t)cols;
+    long b, e;
+    tp_split(j->rows, ith, nth, &b, &e);
+    for (long o = b; o < e; o++) {
+        quant_dequantize_row(j->from, j->src + (size_t)o * j->in_rb, row, cols);
+        for (int64_t c = 0; c < cols; c++)
+            acc[c] = row[c];
+        for (int i = 0; i < j->n_pairs; i++) {
+            const merge_pair *pr = &j->pairs[i];
+            if (!pr->A)
+                continue;
+            if (pr->embd) { /* token o: A's row o through B (cols rows of rank) */
+                const float *ao = pr->A + (size_t)o * pr->rank;
+                for (int64_t d = 0; d < cols; d++) {
+                    const float *bd = pr->B + (size_t)d * pr->rank;
+                    double dot = 0;
+                    for (int64_t k = 0; k < pr->rank; k++)
+                        dot += (double)ao[k] * bd[k];
+                    acc[d] += pr->scale * dot;
+                }
+                continue;
             }
-            continue;
+            for (int64_t k = 0; k < pr->rank; k++) {
+                double bk = pr->scale * pr->B[(size_t)o * pr->rank + k];
+                const float *ak = pr->A + (size_t)k * cols;
+                for (int64_t c = 0; c < cols; c++)
+                    acc[c] += bk * ak[c];
+            }
         }
-        for (int64_t k = 0; k < rank; k++) {
-            double b = s * B[(size_t)o * rank + k];
-            const float *ak = A + (size_t)k * cols;
-            for (int64_t c = 0; c < cols; c++)
-                wo[c] += b * ak[c];
-        }
+        for (int64_t c = 0; c < cols; c++)
+            row[c] = (float)acc[c];
+        quant_quantize_row(j->to, row, j->dst + (size_t)o * j->out_rb, cols);
     }
-    free(A);
-    free(B);
-    return 0;
 }
 
 /* The base matrix t (rows of ne[0]) with every adapter's pair added, rounded to type (or
- * F32 when its rows are not whole blocks of type) into *dst (malloc'd); *dst_type set. */
+ * F32 when its rows are not whole blocks of type) on pool into *dst (malloc'd); *dst_type
+ * set. */
 static int modelgen_merge_tensor(const gguf_tensor *t, const char *name, modelgen_merge *ad,
-                                 int n_ad, uint32_t type, void **dst, uint32_t *dst_type,
-                                 char err[ERR_MAX])
+                                 int n_ad, uint32_t type, tp_pool *pool, void **dst,
+                                 uint32_t *dst_type, char err[ERR_MAX])
 {
     int64_t cols = t->ne[0], rows = t->ne[1];
     size_t in_rb = quant_row_bytes(t->type, cols);
     const quant_traits *tr = quant_traits_of(t->type);
     if (t->n_dims != 2 || !tr || !tr->computable || in_rb == 0)
         return err_set(err, "%s: adapted, but not a matrix of a computable type", name);
-    double *w = malloc((size_t)rows * (size_t)cols * sizeof *w);
-    float *row = malloc((size_t)cols * sizeof *row);
+    size_t nth = (size_t)tp_n_threads(pool);
+    merge_pair *pairs = calloc((size_t)n_ad, sizeof *pairs);
+    double *acc = malloc(nth * (size_t)cols * sizeof *acc);
+    float *row = malloc(nth * (size_t)cols * sizeof *row);
     int rc = -1;
-    if (!w || !row) {
+    if (!pairs || !acc || !row) {
         err_set(err, "out of memory");
         goto out;
     }
-    for (int64_t r = 0; r < rows; r++) {
-        quant_dequantize_row(t->type, (const char *)t->data + (size_t)r * in_rb, row, cols);
-        for (int64_t c = 0; c < cols; c++)
-            w[(size_t)r * cols + c] = row[c];
-    }
     for (int i = 0; i < n_ad; i++)
-        if (modelgen_merge_pair(&ad[i], name, rows, cols, w, err) < 0)
+        if (modelgen_merge_pair_load(&ad[i], name, rows, cols, &pairs[i], err) < 0)
             goto out;
     *dst_type = quant_row_bytes(type, cols) ? type : QTYPE_F32;
     size_t out_rb = quant_row_bytes(*dst_type, cols);
@@ -1390,15 +1431,14 @@ static int modelgen_merge_tensor(const gguf_tensor *t, const char *name, modelge
         err_set(err, "out of memory");
         goto out;
     }
-    for (int64_t r = 0; r < rows; r++) {
-        for (int64_t c = 0; c < cols; c++)
-            row[c] = (float)w[(size_t)r * cols + c];
-        quant_quantize_row(*dst_type, row, (char *)*dst + (size_t)r * out_rb, cols);
-    }
+    merge_job job = {t->type, *dst_type, t->data, *dst, in_rb, out_rb, rows, cols,
+                     pairs, n_ad, acc, row};
+    tp_run(pool, merge_rows_job, &job);
     rc = 0;
 out:
-    free(w);
-    free(row);
+    for (int i = 0; pairs && i < n_ad; i++)
+        free(pairs[i].A), free(pairs[i].B);
+    free(pairs), free(acc), free(row);
     return rc;
 }
 
@@ -1501,8 +1541,11 @@ int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mi
         if (t->n_dims >= 2 && !strstr(name, "ffn_gate_inp") &&
             (mix != MODELGEN_MIX_NONE || n % tt->block_size == 0))
             want = modelgen_mix_type(mix, type, name, n, n_layer, n_gqa, has_output);
-        if (modelgen_adapted(ad, n_lora, name)) {
-            if (modelgen_merge_tensor(t, name, ad, n_lora, want != t->type ? want : type,
+        bool adapted = modelgen_adapted(ad, n_lora, name);
+        if ((adapted || want != t->type) && !pool && !(pool = tp_new(n_threads, err)))
+            goto out;
+        if (adapted) {
+            if (modelgen_merge_tensor(t, name, ad, n_lora, want != t->type ? want : type, pool,
                                       &bufs[i], &to, err) < 0)
                 goto out;
             data = bufs[i];
@@ -1515,8 +1558,6 @@ int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mi
                 err_set(err, "%s: type %s cannot be written", name, quant_traits_of(want)->name);
                 goto out;
             }
-            if (!pool && !(pool = tp_new(n_threads, err)))
-                goto out;
             size_t in_rb = quant_row_bytes(t->type, n), out_rb = quant_row_bytes(want, n);
             float *grown = realloc(row, sizeof *row * (size_t)n * (size_t)tp_n_threads(pool));
             bufs[i] = malloc(out_rb * (size_t)rows);

@@ -94,21 +94,30 @@ static bool same_bytes(const char *a, const char *b)
     return same;
 }
 
-/* Rows are converted on several threads, and the file does not depend on how many. */
+/* Rows are converted, and adapters merged, on several threads, and the file does not
+ * depend on how many. */
 static void conversions_do_not_depend_on_threads(void)
 {
-    static const char *const types[] = {"q4_k_m", "iq3_s"};
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        char one[1100], three[1100], args[4096], err[1024];
+    char lora[1100], args[4096], err[1024];
+    snprintf(lora, sizeof lora, "%s/threads-lora.gguf", test_tmpdir());
+    snprintf(args, sizeof args, "-o '%s' --lora-of '%s' --rank 8 --targets q,down,token_embd",
+             lora, f32_path);
+    CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
+    static const char *const conversions[] = {"--type q4_k_m", "--type iq3_s",
+                                              "--type q5_k_m --lora-scaled '%s' 0.75"};
+    for (size_t i = 0; i < sizeof conversions / sizeof conversions[0]; i++) {
+        char one[1100], three[1100], conversion[1200];
         snprintf(one, sizeof one, "%s/threads1.gguf", test_tmpdir());
         snprintf(three, sizeof three, "%s/threads3.gguf", test_tmpdir());
-        snprintf(args, sizeof args, "-o '%s' --from '%s' --type %s --threads 1", one, f32_path,
-                 types[i]);
+        snprintf(conversion, sizeof conversion, conversions[i], lora);
+        snprintf(args, sizeof args, "-o '%s' --from '%s' %s --threads 1", one, f32_path,
+                 conversion);
         CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
-        snprintf(args, sizeof args, "-o '%s' --from '%s' --type %s --threads 3", three, f32_path,
-                 types[i]);
+        snprintf(args, sizeof args, "-o '%s' --from '%s' %s --threads 3", three, f32_path,
+                 conversion);
         CHECK_MSG(mkmodel(args, err, sizeof err) == 0, "mkmodel: %s", err);
-        CHECK_MSG(same_bytes(one, three), "%s: 1 and 3 threads wrote different files", types[i]);
+        CHECK_MSG(same_bytes(one, three), "%s: 1 and 3 threads wrote different files",
+                  conversion);
     }
 }
 
