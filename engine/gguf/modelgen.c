@@ -1346,99 +1346,113 @@ static int modelgen_merge_pair_load(const modelgen_merge *a, const char *name, i
     return p->B ? 0 : -1;
 }
 
-/* A base matrix's rows with every adapter's pair added in double and rounded to a type,
- * split among a pool's threads; each row's sums run in one order, so the bytes do not
- * depend on the number of threads. */
-typedef struct merge_job {
+/* One tensor's rows dequantized from one type and quantized to another, every adapter's
+ * pair added in double on the way, split among a pool's threads: the quantizers' searches
+ * make conversion CPU-bound. A row's sums run in one order, so the bytes do not depend on
+ * the number of threads. */
+typedef struct convert_job {
     uint32_t from, to;
     const uint8_t *src; /* (rows, in_rb bytes) */
     uint8_t *dst;       /* (rows, out_rb bytes) */
     size_t in_rb, out_rb;
     int64_t rows, cols;
-    const merge_pair *pairs; /* (n_pairs) */
+    const merge_pair *pairs; /* (n_pairs); a pair with no A adds nothing */
     int n_pairs;
-    double *acc; /* (n_threads, cols) */
+    double *acc; /* (n_threads, cols); NULL with no pairs */
     float *row;  /* (n_threads, cols) */
-} merge_job;
+} convert_job;
 
-static void merge_rows_job(void *p, int ith, int nth)
+/* Adds the adapters' pairs to row o, acc (cols), in double. */
+static void convert_add_pairs(const convert_job *j, int64_t o, double *acc)
 {
-    merge_job *j = p;
     int64_t cols = j->cols;
-    double *acc = j->acc + (size_t)ith * (size_t)cols;
+    for (int i = 0; i < j->n_pairs; i++) {
+        const merge_pair *pr = &j->pairs[i];
+        if (!pr->A)
+            continue;
+        if (pr->embd) { /* token o: A's row o through B (cols rows of rank) */
+            const float *ao = pr->A + (size_t)o * pr->rank;
+            for (int64_t d = 0; d < cols; d++) {
+                const float *bd = pr->B + (size_t)d * pr->rank;
+                double dot = 0;
+                for (int64_t k = 0; k < pr->rank; k++)
+                    dot += (double)ao[k] * bd[k];
+                acc[d] += pr->scale * dot;
+            }
+            continue;
+        }
+        for (int64_t k = 0; k < pr->rank; k++) {
+            double bk = pr->scale * pr->B[(size_t)o * pr->rank + k];
+            const float *ak = pr->A + (size_t)k * cols;
+            for (int64_t c = 0; c < cols; c++)
+                acc[c] += bk * ak[c];
+        }
+    }
+}
+
+static void convert_rows_job(void *p, int ith, int nth)
+{
+    convert_job *j = p;
+    int64_t cols = j->cols;
     float *row = j->row + (size_t)ith * (size_t)cols;
     long b, e;
     tp_split(j->rows, ith, nth, &b, &e);
     for (long o = b; o < e; o++) {
         quant_dequantize_row(j->from, j->src + (size_t)o * j->in_rb, row, cols);
-        for (int64_t c = 0; c < cols; c++)
-            acc[c] = row[c];
-        for (int i = 0; i < j->n_pairs; i++) {
-            const merge_pair *pr = &j->pairs[i];
-            if (!pr->A)
-                continue;
-            if (pr->embd) { /* token o: A's row o through B (cols rows of rank) */
-                const float *ao = pr->A + (size_t)o * pr->rank;
-                for (int64_t d = 0; d < cols; d++) {
-                    const float *bd = pr->B + (size_t)d * pr->rank;
-                    double dot = 0;
-                    for (int64_t k = 0; k < pr->rank; k++)
-                        dot += (double)ao[k] * bd[k];
-                    acc[d] += pr->scale * dot;
-                }
-                continue;
-            }
-            for (int64_t k = 0; k < pr->rank; k++) {
-                double bk = pr->scale * pr->B[(size_t)o * pr->rank + k];
-                const float *ak = pr->A + (size_t)k * cols;
-                for (int64_t c = 0; c < cols; c++)
-                    acc[c] += bk * ak[c];
-            }
+        if (j->acc) {
+            double *acc = j->acc + (size_t)ith * (size_t)cols;
+            for (int64_t c = 0; c < cols; c++)
+                acc[c] = row[c];
+            convert_add_pairs(j, o, acc);
+            for (int64_t c = 0; c < cols; c++)
+                row[c] = (float)acc[c];
         }
-        for (int64_t c = 0; c < cols; c++)
-            row[c] = (float)acc[c];
         quant_quantize_row(j->to, row, j->dst + (size_t)o * j->out_rb, cols);
     }
 }
 
-/* The base matrix t (rows of ne[0]) with every adapter's pair added, rounded to type (or
- * F32 when its rows are not whole blocks of type) on pool into *dst (malloc'd); *dst_type
- * set. */
-static int modelgen_merge_tensor(const gguf_tensor *t, const char *name, modelgen_merge *ad,
-                                 int n_ad, uint32_t type, tp_pool *pool, void **dst,
-                                 uint32_t *dst_type, char err[ERR_MAX])
+/* Tensor t (rows of ne[0]) converted to type on pool into *dst (malloc'd), with every
+ * adapter's pair added where adapted (then rounded to F32 when its rows are not whole
+ * blocks of type); *dst_type set. 0, or -1 + err. */
+static int modelgen_convert_tensor(const gguf_tensor *t, const char *name, bool adapted,
+                                   modelgen_merge *ad, int n_ad, uint32_t type, tp_pool *pool,
+                                   void **dst, uint32_t *dst_type, char err[ERR_MAX])
 {
-    int64_t cols = t->ne[0], rows = t->ne[1];
-    size_t in_rb = quant_row_bytes(t->type, cols);
+    int64_t cols = t->ne[0], rows = 1;
+    for (uint32_t d = 1; d < t->n_dims; d++)
+        rows *= t->ne[d];
     const quant_traits *tr = quant_traits_of(t->type);
-    if (t->n_dims != 2 || !tr || !tr->computable || in_rb == 0)
+    if (adapted && (t->n_dims != 2 || !tr || !tr->computable))
         return err_set(err, "%s: adapted, but not a matrix of a computable type", name);
+    if (!tr || !tr->computable)
+        return err_set(err, "%s: type %u cannot be read", name, t->type);
+    if (!quant_traits_of(type)->computable)
+        return err_set(err, "%s: type %s cannot be written", name, quant_traits_of(type)->name);
+    *dst_type = !adapted || quant_row_bytes(type, cols) ? type : QTYPE_F32;
     size_t nth = (size_t)tp_n_threads(pool);
-    merge_pair *pairs = calloc((size_t)n_ad, sizeof *pairs);
-    double *acc = malloc(nth * (size_t)cols * sizeof *acc);
-    float *row = malloc(nth * (size_t)cols * sizeof *row);
+    convert_job job = {.from = t->type, .to = *dst_type, .src = t->data,
+                       .in_rb = quant_row_bytes(t->type, cols),
+                       .out_rb = quant_row_bytes(*dst_type, cols), .rows = rows, .cols = cols};
+    merge_pair *pairs = adapted ? calloc((size_t)n_ad, sizeof *pairs) : NULL;
+    job.acc = adapted ? malloc(nth * (size_t)cols * sizeof *job.acc) : NULL;
+    job.row = malloc(nth * (size_t)cols * sizeof *job.row);
+    job.dst = *dst = malloc(job.out_rb * (size_t)rows);
     int rc = -1;
-    if (!pairs || !acc || !row) {
-        err_set(err, "out of memory");
+    if ((adapted && (!pairs || !job.acc)) || !job.row || !*dst) {
+        err_set(err, "%s: out of memory", name);
         goto out;
     }
-    for (int i = 0; i < n_ad; i++)
+    for (int i = 0; adapted && i < n_ad; i++)
         if (modelgen_merge_pair_load(&ad[i], name, rows, cols, &pairs[i], err) < 0)
             goto out;
-    *dst_type = quant_row_bytes(type, cols) ? type : QTYPE_F32;
-    size_t out_rb = quant_row_bytes(*dst_type, cols);
-    if (!(*dst = malloc(out_rb * (size_t)rows))) {
-        err_set(err, "out of memory");
-        goto out;
-    }
-    merge_job job = {t->type, *dst_type, t->data, *dst, in_rb, out_rb, rows, cols,
-                     pairs, n_ad, acc, row};
-    tp_run(pool, merge_rows_job, &job);
+    job.pairs = pairs;
+    job.n_pairs = adapted ? n_ad : 0;
+    tp_run(pool, convert_rows_job, &job);
     rc = 0;
 out:
     for (int i = 0; pairs && i < n_ad; i++)
         free(pairs[i].A), free(pairs[i].B);
-    free(pairs), free(acc), free(row);
+    free(pairs), free(job.acc), free(job.row);
     return rc;
 }
 
@@ -1467,29 +1481,6 @@ static uint32_t arch_u32(const gguf_file *g, const char *suffix)
     return v;
 }
 
-/* One tensor's rows dequantized from one type and quantized to another, split among a
- * pool's threads: the quantizers' searches make conversion CPU-bound. */
-typedef struct convert_job {
-    uint32_t from, to;
-    const uint8_t *src; /* (rows, in_rb bytes) */
-    uint8_t *dst;       /* (rows, out_rb bytes) */
-    size_t in_rb, out_rb;
-    int64_t n, rows;
-    float *row_buf; /* (n_threads, n) */
-} convert_job;
-
-static void convert_rows_job(void *p, int ith, int nth)
-{
-    convert_job *j = p;
-    float *row = j->row_buf + (size_t)ith * (size_t)j->n;
-    long b, e;
-    tp_split(j->rows, ith, nth, &b, &e);
-    for (long r = b; r < e; r++) {
-        quant_dequantize_row(j->from, j->src + (size_t)r * j->in_rb, row, j->n);
-        quant_quantize_row(j->to, row, j->dst + (size_t)r * j->out_rb, j->n);
-    }
-}
-
 int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mix mix,
                      int n_lora, const char *const *lora, const float *scales, int n_threads,
                      char err[ERR_MAX])
@@ -1504,7 +1495,6 @@ int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mi
     int64_t n_tensors = gguf_n_tensors(g);
     void **bufs = calloc((size_t)n_tensors + 1, sizeof *bufs);
     modelgen_merge *ad = calloc((size_t)n_lora + 1, sizeof *ad);
-    float *row = NULL; /* (n_threads, the widest matrix converted so far) */
     tp_pool *pool = NULL; /* made by the first matrix to convert */
     int rc = -1;
     if (!w || !bufs || !ad) {
@@ -1531,9 +1521,7 @@ int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mi
         const gguf_tensor *t = gguf_tensor_at(g, i);
         char name[128]; /* GGUF names are at most 64 bytes by convention; messages cut longer */
         snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
-        int64_t n = t->ne[0], rows = 1;
-        for (uint32_t d = 1; d < t->n_dims; d++)
-            rows *= t->ne[d];
+        int64_t n = t->ne[0];
         const void *data = t->data;
         uint32_t to = t->type, want = t->type;
         /* a mix's type per matrix, its fallbacks for rows of no whole super-block included;
@@ -1544,32 +1532,12 @@ int modelgen_convert(const char *in, const char *out, uint32_t type, modelgen_mi
         bool adapted = modelgen_adapted(ad, n_lora, name);
         if ((adapted || want != t->type) && !pool && !(pool = tp_new(n_threads, err)))
             goto out;
-        if (adapted) {
-            if (modelgen_merge_tensor(t, name, ad, n_lora, want != t->type ? want : type, pool,
-                                      &bufs[i], &to, err) < 0)
+        if (adapted || want != t->type) {
+            if (modelgen_convert_tensor(t, name, adapted, ad, n_lora,
+                                        adapted && want == t->type ? type : want, pool, &bufs[i],
+                                        &to, err) < 0)
                 goto out;
             data = bufs[i];
-        } else if (want != t->type) {
-            if (!quant_traits_of(t->type) || !quant_traits_of(t->type)->computable) {
-                err_set(err, "%s: type %u cannot be read", name, t->type);
-                goto out;
-            }
-            if (!quant_traits_of(want)->computable) {
-                err_set(err, "%s: type %s cannot be written", name, quant_traits_of(want)->name);
-                goto out;
-            }
-            size_t in_rb = quant_row_bytes(t->type, n), out_rb = quant_row_bytes(want, n);
-            float *grown = realloc(row, sizeof *row * (size_t)n * (size_t)tp_n_threads(pool));
-            bufs[i] = malloc(out_rb * (size_t)rows);
-            if (!grown || !bufs[i]) {
-                row = grown ? grown : row;
-                err_set(err, "%s: out of memory", name);
-                goto out;
-            }
-            row = grown;
-            convert_job job = {t->type, want, t->data, bufs[i], in_rb, out_rb, n, rows, row};
-            tp_run(pool, convert_rows_job, &job);
-            data = bufs[i], to = want;
         }
         if (gguf_writer_add_tensor(w, name, to, t->n_dims, t->ne, data) < 0) {
             err_set(err, "%s: out of memory", name);
@@ -1583,7 +1551,7 @@ out:
     for (int i = 0; ad && i < n_lora; i++)
         gguf_close(ad[i].g);
     tp_free(pool);
-    free(bufs), free(row), free(ad);
+    free(bufs), free(ad);
     gguf_writer_free(w);
     gguf_close(g);
     return rc;
