@@ -752,77 +752,360 @@ static int modelgen_write_deepseek2(const modelgen_params *p, gguf_writer *w, in
     return rc;
 }
 
-int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX])
-{
-    if (modelgen_check(p, err) < 0)
-        return -1;
-    int hd = p->head_dim ? p->head_dim : p->dim / p->n_head;
-    int64_t q_dim = (int64_t)p->n_head * hd, kv_dim = (int64_t)p->n_head_kv * hd;
-    bool qwen2moe = strcmp(p->arch, "qwen2moe") == 0, qwen3moe = strcmp(p->arch, "qwen3moe") == 0;
-    bool qwen2 = strcmp(p->arch, "qwen2") == 0 || qwen2moe;
-    bool hunyuan = strcmp(p->arch, "hunyuan-dense") == 0; /* qwen3's tensors */
-    bool qwen3 = strcmp(p->arch, "qwen3") == 0 || qwen3moe || hunyuan;
-    bool olmoe = strcmp(p->arch, "olmoe") == 0, olmo2 = strcmp(p->arch, "olmo2") == 0;
-    bool stablelm = strcmp(p->arch, "stablelm") == 0;
-    bool glm4 = strcmp(p->arch, "glm4") == 0, chatglm = strcmp(p->arch, "chatglm") == 0;
-    bool glm = glm4 || chatglm; /* GLM-4's layers, ChatGLM's without the post norms */
-    bool starcoder2 = strcmp(p->arch, "starcoder2") == 0, phi2 = strcmp(p->arch, "phi2") == 0;
-    bool layer_norm = stablelm || starcoder2 || phi2; /* LayerNorms with biases */
-    bool granitemoe = strcmp(p->arch, "granitemoe") == 0;
-    bool phi3 = strcmp(p->arch, "phi3") == 0;
-    bool granite = strcmp(p->arch, "granite") == 0 || granitemoe;
-    bool gemma2 = strcmp(p->arch, "gemma2") == 0, gemma3 = strcmp(p->arch, "gemma3") == 0;
-    bool gemma = gemma2 || gemma3 || strcmp(p->arch, "gemma") == 0;
-    bool gptoss = strcmp(p->arch, "gpt-oss") == 0;
-    bool cohere2 = strcmp(p->arch, "cohere2") == 0;
-    bool cohere = cohere2 || !strcmp(p->arch, "command-r");
-    bool seed_oss = strcmp(p->arch, "seed_oss") == 0;
+/* A decoder architecture's file as modelgen_write draws it: llama's tensors and keys,
+ * and what each architecture adds or leaves out (each flag names the architectures that
+ * have the feature). */
+typedef struct decoder_arch {
+    int hd;                 /* a head's dimensions */
+    int64_t q_dim, kv_dim;  /* heads * hd, KV heads * hd */
+    int rope_dims;          /* of each head's, rotated */
+    int ff_exp, ff_shexp;   /* an expert's hidden size, the shared expert's */
+    int n_blocks;           /* n_layer, and glm4moe's prediction layers after */
+    float rope_base, eps;
+    bool qwen2moe, qwen3moe, qwen2, hunyuan, qwen3, olmoe, olmo2, stablelm, glm4, chatglm;
+    bool glm;               /* GLM-4's layers, ChatGLM's without the post norms */
+    bool starcoder2, phi2;
+    bool layer_norm;        /* LayerNorms with biases */
+    bool granitemoe, phi3, granite, gemma2, gemma3, gemma, gptoss, cohere2, cohere, seed_oss;
+    bool mistral3, exaone4;
     /* ERNIE 4.5's experts: llama's layer, dense leading layers, then experts with the
      * selection bias and, with n_ff_shexp, a shared expert */
-    bool ernie = strcmp(p->arch, "ernie4_5-moe") == 0;
+    bool ernie;
     /* GLM-4.5's: qwen2's attention with half of each head rotated, post_attention_norm as
      * the feed-forward's norm, dense leading layers, experts with the selection bias (always)
      * and expert_shared_count shared ones, and nextn_layers prediction layers after the
      * model's (their nextn tensors beside a layer's own, as its converter writes them) */
-    bool glm4moe = strcmp(p->arch, "glm4moe") == 0;
+    bool glm4moe;
     /* Command-R+'s per-head q/k norms: llama.cpp's command-r has them at 64 layers and more */
-    bool qk_heads = cohere && !cohere2 && p->n_layer >= 64;
+    bool qk_heads;
+    bool shexp;             /* a shared expert */
+    /* OLMo 2 and EXAONE 4 normalize their sublayers' outputs, not their inputs */
+    bool post_norms_only;
+} decoder_arch;
+
+static bool arch_is(const modelgen_params *p, const char *name)
+{
+    return strcmp(p->arch, name) == 0;
+}
+
+static decoder_arch decoder_arch_of(const modelgen_params *p)
+{
+    decoder_arch a = {0};
+    a.hd = p->head_dim ? p->head_dim : p->dim / p->n_head;
+    a.q_dim = (int64_t)p->n_head * a.hd;
+    a.kv_dim = (int64_t)p->n_head_kv * a.hd;
+    a.qwen2moe = arch_is(p, "qwen2moe");
+    a.qwen3moe = arch_is(p, "qwen3moe");
+    a.qwen2 = arch_is(p, "qwen2") || a.qwen2moe;
+    a.hunyuan = arch_is(p, "hunyuan-dense"); /* qwen3's tensors */
+    a.qwen3 = arch_is(p, "qwen3") || a.qwen3moe || a.hunyuan;
+    a.olmoe = arch_is(p, "olmoe");
+    a.olmo2 = arch_is(p, "olmo2");
+    a.stablelm = arch_is(p, "stablelm");
+    a.glm4 = arch_is(p, "glm4");
+    a.chatglm = arch_is(p, "chatglm");
+    a.glm = a.glm4 || a.chatglm;
+    a.starcoder2 = arch_is(p, "starcoder2");
+    a.phi2 = arch_is(p, "phi2");
+    a.layer_norm = a.stablelm || a.starcoder2 || a.phi2;
+    a.granitemoe = arch_is(p, "granitemoe");
+    a.phi3 = arch_is(p, "phi3");
+    a.granite = arch_is(p, "granite") || a.granitemoe;
+    a.gemma2 = arch_is(p, "gemma2");
+    a.gemma3 = arch_is(p, "gemma3");
+    a.gemma = a.gemma2 || a.gemma3 || arch_is(p, "gemma");
+    a.gptoss = arch_is(p, "gpt-oss");
+    a.cohere2 = arch_is(p, "cohere2");
+    a.cohere = a.cohere2 || arch_is(p, "command-r");
+    a.seed_oss = arch_is(p, "seed_oss");
+    a.ernie = arch_is(p, "ernie4_5-moe");
+    a.glm4moe = arch_is(p, "glm4moe");
+    a.mistral3 = arch_is(p, "mistral3");
+    a.exaone4 = arch_is(p, "exaone4");
+    a.qk_heads = a.cohere && !a.cohere2 && p->n_layer >= 64;
     /* StableLM's partial_rotary_factor 0.25, GLM-4's and ChatGLM's 0.5 */
-    int rope_dims = p->rope_dims ? p->rope_dims
-                    : stablelm   ? (hd / 4 + 1) / 2 * 2
-                    : glm || glm4moe ? (hd / 2 + 1) / 2 * 2
-                                 : hd;
+    a.rope_dims = p->rope_dims            ? p->rope_dims
+                  : a.stablelm            ? (a.hd / 4 + 1) / 2 * 2
+                  : a.glm || a.glm4moe    ? (a.hd / 2 + 1) / 2 * 2
+                                          : a.hd;
     /* Phi-2's partial_rotary_factor 0.4, as its converter rounds it (32 of 80) */
-    if (phi2 && !p->rope_dims)
-        rope_dims = (int)(0.4 * p->dim) / p->n_head / 2 * 2;
-    int ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
-    int ff_shexp = glm4moe ? ff_exp * p->n_expert_shared : p->n_ff_shexp ? p->n_ff_shexp : p->n_ff;
+    if (a.phi2 && !p->rope_dims)
+        a.rope_dims = (int)(0.4 * p->dim) / p->n_head / 2 * 2;
+    a.ff_exp = p->n_ff_exp ? p->n_ff_exp : p->n_ff;
+    a.ff_shexp = a.glm4moe       ? a.ff_exp * p->n_expert_shared
+                 : p->n_ff_shexp ? p->n_ff_shexp
+                                 : p->n_ff;
     /* Granite MoE Shared's shared expert only when asked for */
-    bool shexp = qwen2moe || ((granitemoe || ernie) && p->n_ff_shexp > 0) ||
-                 (glm4moe && p->n_expert_shared > 0);
-    int n_blocks = p->n_layer + p->nextn_layers; /* glm4moe's prediction layers after */
+    a.shexp = a.qwen2moe || ((a.granitemoe || a.ernie) && p->n_ff_shexp > 0) ||
+              (a.glm4moe && p->n_expert_shared > 0);
+    a.n_blocks = p->n_layer + p->nextn_layers;
     /* RoPE base: qwen's 1e6; gemma3's of its global layers 1e6 (rope_theta), its local
      * layers' 10000 being fixed; llama's and gemma/gemma2's 10000 */
-    float rope_base = qwen2 || qwen3 || gemma3 ? 1000000.0f : gptoss ? 150000.0f : 10000.0f;
-    float eps = qwen2 || qwen3 || gemma ? 1e-6f : 1e-5f;
+    a.rope_base = a.qwen2 || a.qwen3 || a.gemma3 ? 1000000.0f : a.gptoss ? 150000.0f : 10000.0f;
+    a.eps = a.qwen2 || a.qwen3 || a.gemma ? 1e-6f : 1e-5f;
     /* OLMo 2's and SmolLM3's rope_theta and rms_norm_eps, EXAONE's layer_norm_epsilon */
-    if (olmo2)
-        rope_base = 500000.0f, eps = 1e-6f;
-    if (!strcmp(p->arch, "smollm3"))
-        rope_base = 5000000.0f, eps = 1e-6f;
-    bool mistral3 = strcmp(p->arch, "mistral3") == 0, exaone4 = strcmp(p->arch, "exaone4") == 0;
+    if (a.olmo2)
+        a.rope_base = 500000.0f, a.eps = 1e-6f;
+    if (arch_is(p, "smollm3"))
+        a.rope_base = 5000000.0f, a.eps = 1e-6f;
     /* EXAONE 3.5's, EXAONE 4.0's, Ministral 3's and StarCoder2-7B's rope_theta and epsilon */
-    if (!strcmp(p->arch, "exaone") || exaone4 || mistral3 || starcoder2)
-        rope_base = 1000000.0f, eps = 1e-5f;
-    /* OLMo 2 and EXAONE 4 normalize their sublayers' outputs, not their inputs */
-    bool post_norms_only = olmo2 || exaone4;
-    if (cohere) /* Aya Expanse 8B's and Command R7B's rope_theta, their layer_norm_eps */
-        rope_base = cohere2 ? 50000.0f : 10000.0f, eps = 1e-5f;
-    if (seed_oss) /* Seed-OSS-36B's */
-        rope_base = 10000000.0f, eps = 1e-6f;
-    if (hunyuan) /* Hunyuan-7B's rope_theta (raised by its alpha, below) and epsilon */
-        rope_base = 10000.0f, eps = 1e-5f;
+    if (arch_is(p, "exaone") || a.exaone4 || a.mistral3 || a.starcoder2)
+        a.rope_base = 1000000.0f, a.eps = 1e-5f;
+    a.post_norms_only = a.olmo2 || a.exaone4;
+    if (a.cohere) /* Aya Expanse 8B's and Command R7B's rope_theta, their layer_norm_eps */
+        a.rope_base = a.cohere2 ? 50000.0f : 10000.0f, a.eps = 1e-5f;
+    if (a.seed_oss) /* Seed-OSS-36B's */
+        a.rope_base = 10000000.0f, a.eps = 1e-6f;
+    if (a.hunyuan) /* Hunyuan-7B's rope_theta (raised by its alpha, below) and epsilon */
+        a.rope_base = 10000.0f, a.eps = 1e-5f;
+    return a;
+}
 
+/* The decoder's metadata under "{arch}.": llama's keys and each architecture's own.
+ * 0, or -1 when the writer is out of memory. */
+static int decoder_write_metadata(const modelgen_params *p, const decoder_arch *a,
+                                  gguf_writer *w, int n_vocab)
+{
+    char key[128];
+#define KEY(s) (snprintf(key, sizeof key, "%s." s, p->arch), key)
+    if (gguf_writer_set_str(w, "general.architecture", p->arch) < 0 ||
+        gguf_writer_set_str(w, "general.name", "random weights (mkmodel)") < 0 ||
+        gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)n_vocab) < 0 ||
+        gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)p->n_ctx) < 0 ||
+        gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)p->dim) < 0 ||
+        gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)a->n_blocks) < 0 ||
+        gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)p->n_ff) < 0 ||
+        gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)p->n_head) < 0 ||
+        gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv) < 0 ||
+        gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)a->hd) < 0 ||
+        gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)a->hd) < 0 ||
+        gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)a->rope_dims) < 0 ||
+        gguf_writer_set_f32(w, KEY("rope.freq_base"), a->rope_base) < 0 ||
+        gguf_writer_set_f32(w,
+                            a->layer_norm || a->cohere ? KEY("attention.layer_norm_epsilon")
+                                                       : KEY("attention.layer_norm_rms_epsilon"),
+                            a->eps) < 0 ||
+        (p->pooling_type &&
+         gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0) ||
+        (p->n_expert &&
+         (gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert) < 0 ||
+          gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used) < 0)) ||
+        ((a->qwen2moe || a->qwen3moe || a->gptoss || a->ernie || a->glm4moe) &&
+         gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)a->ff_exp) < 0) ||
+        (a->glm4moe &&
+         (gguf_writer_set_u32(w, KEY("expert_shared_count"), (uint32_t)p->n_expert_shared) < 0 ||
+          gguf_writer_set_u32(w, KEY("leading_dense_block_count"), (uint32_t)p->n_dense_lead) < 0 ||
+          (p->nextn_layers && gguf_writer_set_u32(w, KEY("nextn_predict_layers"),
+                                                  (uint32_t)p->nextn_layers) < 0) ||
+          (p->expert_gating &&
+           gguf_writer_set_u32(w, KEY("expert_gating_func"), (uint32_t)p->expert_gating) < 0) ||
+          (p->expert_weights_norm && gguf_writer_set_bool(w, KEY("expert_weights_norm"), true) < 0) ||
+          (p->expert_weights_scale > 0 &&
+           gguf_writer_set_f32(w, KEY("expert_weights_scale"), p->expert_weights_scale) < 0))) ||
+        (a->ernie && (gguf_writer_set_u32(w, KEY("interleave_moe_layer_step"), 1) < 0 ||
+                      gguf_writer_set_u32(w, KEY("leading_dense_block_count"),
+                                          (uint32_t)p->n_dense_lead) < 0)) ||
+        (a->shexp && gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"),
+                                         (uint32_t)a->ff_shexp) < 0) ||
+        ((a->gemma2 || a->gemma3) &&
+         gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                             (uint32_t)(p->sliding_window ? p->sliding_window
+                                                          : a->gemma2 ? 4096 : 1024)) < 0) ||
+        (a->gemma2 && (gguf_writer_set_f32(w, KEY("attn_logit_softcapping"),
+                                           p->attn_softcap > 0 ? p->attn_softcap : 50.0f) < 0 ||
+                       gguf_writer_set_f32(w, KEY("final_logit_softcapping"),
+                                           p->final_softcap > 0 ? p->final_softcap : 30.0f) < 0)) ||
+        (p->rope_linear > 0 &&
+         (gguf_writer_set_str(w, KEY("rope.scaling.type"), "linear") < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.factor"), p->rope_linear) < 0)) ||
+        /* Hunyuan-7B's NTK-aware alpha */
+        (a->hunyuan && gguf_writer_set_f32(w, KEY("rope.scaling.alpha"), 1000.0f) < 0))
+        return -1;
+    /* phi3 as convert_hf_to_gguf.py's Phi3MiniModel writes it; granite with Granite 3.x's
+     * multipliers (the 2B's) */
+    int orig_ctx = p->rope_orig_ctx ? p->rope_orig_ctx : p->n_ctx;
+    double scale = (double)p->n_ctx / orig_ctx;
+    float attn_factor = scale > 1.0 ? (float)sqrt(1.0 + log(scale) / log((double)orig_ctx)) : 1.0f;
+    /* Ministral 3's YaRN: 16 times its original context of 16384 */
+    int yarn_orig_ctx = p->rope_orig_ctx ? p->rope_orig_ctx : p->n_ctx >= 16 ? p->n_ctx / 16 : 1;
+    if ((a->phi3 &&
+         (gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
+                              (uint32_t)orig_ctx) < 0 ||
+          gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                              (uint32_t)p->sliding_window) < 0 ||
+          (p->rope_orig_ctx &&
+           gguf_writer_set_f32(w, KEY("rope.scaling.attn_factor"), attn_factor) < 0))) ||
+        (a->gptoss &&
+         (gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                              (uint32_t)(p->sliding_window ? p->sliding_window : 128)) < 0 ||
+          gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn") < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.factor"), 32.0f) < 0 ||
+          gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), 4096) < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f) < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f) < 0)) ||
+        (a->exaone4 && p->sliding_window &&
+         (gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                              (uint32_t)p->sliding_window) < 0 ||
+          modelgen_write_swa_pattern(w, KEY("attention.sliding_window_pattern"), p->n_layer,
+                                     4) < 0)) ||
+        (a->mistral3 &&
+         (gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn") < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.factor"),
+                              (float)p->n_ctx / (float)yarn_orig_ctx) < 0 ||
+          gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
+                              (uint32_t)yarn_orig_ctx) < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f) < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f) < 0 ||
+          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), 1.0f) < 0 ||
+          gguf_writer_set_f32(w, KEY("attention.temperature_scale"), 0.1f) < 0)) ||
+        (a->granite &&
+         (gguf_writer_set_f32(w, KEY("embedding_scale"), 12.0f) < 0 ||
+          gguf_writer_set_f32(w, KEY("residual_scale"), 0.22f) < 0 ||
+          gguf_writer_set_f32(w, KEY("attention.scale"), 0.015625f) < 0 ||
+          gguf_writer_set_f32(w, KEY("logit_scale"), 8.0f) < 0)) ||
+        /* Cohere's logit_scale: 2, where the published models' 0.0625 to 0.25 would
+         * shrink a random model's logits under the tests' absolute tolerances */
+        (a->cohere && gguf_writer_set_f32(w, KEY("logit_scale"), 2.0f) < 0) ||
+        (a->cohere2 && gguf_writer_set_u32(w, KEY("attention.sliding_window"),
+                                           (uint32_t)(p->sliding_window ? p->sliding_window
+                                                                        : 4096)) < 0))
+        return -1;
+#undef KEY
+    return 0;
+}
+
+/* Block l's tensors (a GLM-4.5 prediction layer's own first, past n_layer) into ts. */
+static void decoder_add_block(const modelgen_params *p, const decoder_arch *a,
+                              modelgen_tensor *ts, int *n_t, int l)
+{
+    float s_dim = 1.0f / sqrtf((float)p->dim), s_q = 1.0f / sqrtf((float)a->q_dim),
+          s_ff = 1.0f / sqrtf((float)p->n_ff);
+    char nm[64];
+#define ADD(name, dims, c, r, sd, mu) modelgen_add(ts, n_t, name, dims, c, r, p->type, sd, mu)
+    /* n_expert matrices of (r, c) in one tensor */
+#define ADD_EXPERTS(name, c, r, sd)                                                    \
+    do {                                                                               \
+        ADD(name, 3, c, r, sd, 0.0f);                                                  \
+        ts[*n_t - 1].ne[2] = p->n_expert;                                              \
+    } while (0)
+#define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
+    if (l >= p->n_layer) { /* GLM-4.5's multi-token prediction: its own tensors too */
+        ADD(N("nextn.eh_proj.weight"), 2, 2 * p->dim, p->dim, s_dim, 0.0f);
+        ADD(N("nextn.enorm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        ADD(N("nextn.hnorm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        ADD(N("nextn.shared_head_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+    }
+    if (!a->post_norms_only)
+        ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+    if (a->layer_norm)
+        ADD(N("attn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
+    if (a->phi3 || a->chatglm) {
+        ADD(N("attn_qkv.weight"), 2, p->dim, a->q_dim + 2 * a->kv_dim, s_dim, 0.0f);
+        if (a->chatglm) /* ChatGLM's query_key_value has a bias */
+            ADD(N("attn_qkv.bias"), 1, a->q_dim + 2 * a->kv_dim, 1, 0.1f, 0.0f);
+    } else {
+        ADD(N("attn_q.weight"), 2, p->dim, a->q_dim, s_dim, 0.0f);
+        ADD(N("attn_k.weight"), 2, p->dim, a->kv_dim, s_dim, 0.0f);
+        ADD(N("attn_v.weight"), 2, p->dim, a->kv_dim, s_dim, 0.0f);
+    }
+    /* StableLM 2 1.6B's q/k/v biases, StarCoder2's, Phi-2's, GLM-4-0414's, Seed-OSS's */
+    if (a->qwen2 || a->gptoss || a->layer_norm || a->glm4 || a->seed_oss || a->glm4moe) {
+        ADD(N("attn_q.bias"), 1, a->q_dim, 1, 0.1f, 0.0f);
+        ADD(N("attn_k.bias"), 1, a->kv_dim, 1, 0.1f, 0.0f);
+        ADD(N("attn_v.bias"), 1, a->kv_dim, 1, 0.1f, 0.0f);
+    }
+    if (a->qwen3 || a->gemma3 || a->exaone4 || (a->glm4moe && p->glm_qk_norm)) {
+        ADD(N("attn_q_norm.weight"), 1, a->hd, 1, 0.1f, 1.0f);
+        ADD(N("attn_k_norm.weight"), 1, a->hd, 1, 0.1f, 1.0f);
+    }
+    if (a->olmoe || a->olmo2) {
+        ADD(N("attn_q_norm.weight"), 1, a->q_dim, 1, 0.1f, 1.0f);
+        ADD(N("attn_k_norm.weight"), 1, a->kv_dim, 1, 0.1f, 1.0f);
+    }
+    if (a->qk_heads) { /* one row per head, F32 as the converter keeps norms */
+        ADD(N("attn_q_norm.weight"), 2, a->hd, p->n_head, 0.1f, 1.0f);
+        ts[*n_t - 1].type = QTYPE_F32;
+        ADD(N("attn_k_norm.weight"), 2, a->hd, p->n_head_kv, 0.1f, 1.0f);
+        ts[*n_t - 1].type = QTYPE_F32;
+    }
+    ADD(N("attn_output.weight"), 2, a->q_dim, p->dim, s_q, 0.0f);
+    if (a->gptoss) {
+        /* sinks of about e^1 times one entry's weight: a share of the attention that
+         * shows in the logits */
+        ADD(N("attn_output.bias"), 1, p->dim, 1, 0.1f, 0.0f);
+        ADD(N("attn_sinks.weight"), 1, p->n_head, 1, 1.0f, 1.0f);
+    }
+    /* gpt-oss's and Seed-OSS's feed-forward norm, named after HF's
+     * post_attention_layernorm */
+    if (a->gptoss || a->seed_oss || a->glm4moe)
+        ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+    if (a->gemma2 || a->gemma3 || a->post_norms_only || a->glm4)
+        ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+    /* Cohere's and Phi-2's feed-forward read attn_norm's output */
+    if (!a->post_norms_only && !a->gptoss && !a->cohere && !a->phi2 && !a->seed_oss &&
+        !a->glm4moe)
+        ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+    if (a->layer_norm && !a->phi2)
+        ADD(N("ffn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
+    /* Starcoder2MLP: c_fc (ffn_up), c_proj (ffn_down), no gate; PhiMLP's fc1, fc2 */
+    if (a->starcoder2 || a->phi2) {
+        ADD(N("attn_output.bias"), 1, p->dim, 1, 0.1f, 0.0f);
+        ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
+        ADD(N("ffn_up.bias"), 1, p->n_ff, 1, 0.1f, 0.0f);
+        ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
+        ADD(N("ffn_down.bias"), 1, p->dim, 1, 0.1f, 0.0f);
+        return;
+    }
+    /* the gate's rows, then the up's, as Phi3MLP and Glm4MLP chunk them */
+    if (a->phi3 || a->glm) {
+        ADD(N("ffn_up.weight"), 2, p->dim, 2 * p->n_ff, s_dim, 0.0f);
+        ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
+        if (a->glm4)
+            ADD(N("post_ffw_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        return;
+    }
+    if (!p->n_expert || l < p->n_dense_lead) {
+        ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
+        ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
+        ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
+        if (a->gemma2 || a->gemma3 || a->post_norms_only)
+            ADD(N("post_ffw_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
+        return;
+    }
+    ADD(N("ffn_gate_inp.weight"), 2, p->dim, p->n_expert, s_dim, 0.0f);
+    ts[*n_t - 1].type = QTYPE_F32;
+    ADD_EXPERTS(N("ffn_gate_exps.weight"), p->dim, a->ff_exp, s_dim);
+    ADD_EXPERTS(N("ffn_up_exps.weight"), p->dim, a->ff_exp, s_dim);
+    ADD_EXPERTS(N("ffn_down_exps.weight"), a->ff_exp, p->dim, 1.0f / sqrtf((float)a->ff_exp));
+    if (a->gptoss) { /* F32, 2-D ones one row per expert (modelgen_set_types keeps them) */
+        ADD(N("ffn_gate_inp.bias"), 1, p->n_expert, 1, 0.5f, 0.0f);
+        ADD(N("ffn_gate_exps.bias"), 2, a->ff_exp, p->n_expert, 0.1f, 0.0f);
+        ts[*n_t - 1].type = QTYPE_F32;
+        ADD(N("ffn_up_exps.bias"), 2, a->ff_exp, p->n_expert, 0.1f, 0.0f);
+        ts[*n_t - 1].type = QTYPE_F32;
+        ADD(N("ffn_down_exps.bias"), 2, p->dim, p->n_expert, 0.1f, 0.0f);
+        ts[*n_t - 1].type = QTYPE_F32;
+    }
+    if (a->qwen2moe)
+        ADD(N("ffn_gate_inp_shexp.weight"), 1, p->dim, 1, s_dim, 0.0f);
+    /* of the order of the router's probabilities (~1/n_expert): it moves selections */
+    if (p->exp_probs_b || a->glm4moe)
+        ADD(N("exp_probs_b.bias"), 1, p->n_expert, 1, 0.5f / (float)p->n_expert, 0.0f);
+    if (a->shexp) {
+        ADD(N("ffn_gate_shexp.weight"), 2, p->dim, a->ff_shexp, s_dim, 0.0f);
+        ADD(N("ffn_up_shexp.weight"), 2, p->dim, a->ff_shexp, s_dim, 0.0f);
+        ADD(N("ffn_down_shexp.weight"), 2, a->ff_shexp, p->dim, 1.0f / sqrtf((float)a->ff_shexp),
+            0.0f);
+    }
+#undef N
+#undef ADD_EXPERTS
+#undef ADD
+}
+
+int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX])
+{
+    if (modelgen_check(p, err) < 0)
+        return -1;
     gguf_writer *w = gguf_writer_new();
     modelgen_tensor *ts = NULL;
     int n_t = 0, rc = -1;
@@ -856,269 +1139,32 @@ int modelgen_write(const modelgen_params *p, const char *path, char err[ERR_MAX]
         goto out;
     }
 
-    char key[128];
-#define KEY(s) (snprintf(key, sizeof key, "%s." s, p->arch), key)
-    if (gguf_writer_set_str(w, "general.architecture", p->arch) < 0 ||
-        gguf_writer_set_str(w, "general.name", "random weights (mkmodel)") < 0 ||
-        gguf_writer_set_u32(w, KEY("vocab_size"), (uint32_t)n_vocab) < 0 ||
-        gguf_writer_set_u32(w, KEY("context_length"), (uint32_t)p->n_ctx) < 0 ||
-        gguf_writer_set_u32(w, KEY("embedding_length"), (uint32_t)p->dim) < 0 ||
-        gguf_writer_set_u32(w, KEY("block_count"), (uint32_t)n_blocks) < 0 ||
-        gguf_writer_set_u32(w, KEY("feed_forward_length"), (uint32_t)p->n_ff) < 0 ||
-        gguf_writer_set_u32(w, KEY("attention.head_count"), (uint32_t)p->n_head) < 0 ||
-        gguf_writer_set_u32(w, KEY("attention.head_count_kv"), (uint32_t)p->n_head_kv) < 0 ||
-        gguf_writer_set_u32(w, KEY("attention.key_length"), (uint32_t)hd) < 0 ||
-        gguf_writer_set_u32(w, KEY("attention.value_length"), (uint32_t)hd) < 0 ||
-        gguf_writer_set_u32(w, KEY("rope.dimension_count"), (uint32_t)rope_dims) < 0 ||
-        gguf_writer_set_f32(w, KEY("rope.freq_base"), rope_base) < 0 ||
-        gguf_writer_set_f32(w, layer_norm || cohere ? KEY("attention.layer_norm_epsilon")
-                                                    : KEY("attention.layer_norm_rms_epsilon"),
-                            eps) < 0 ||
-        (p->pooling_type &&
-         gguf_writer_set_u32(w, KEY("pooling_type"), (uint32_t)p->pooling_type) < 0) ||
-        (p->n_expert &&
-         (gguf_writer_set_u32(w, KEY("expert_count"), (uint32_t)p->n_expert) < 0 ||
-          gguf_writer_set_u32(w, KEY("expert_used_count"), (uint32_t)p->n_expert_used) < 0)) ||
-        ((qwen2moe || qwen3moe || gptoss || ernie || glm4moe) &&
-         gguf_writer_set_u32(w, KEY("expert_feed_forward_length"), (uint32_t)ff_exp) < 0) ||
-        (glm4moe &&
-         (gguf_writer_set_u32(w, KEY("expert_shared_count"), (uint32_t)p->n_expert_shared) < 0 ||
-          gguf_writer_set_u32(w, KEY("leading_dense_block_count"), (uint32_t)p->n_dense_lead) < 0 ||
-          (p->nextn_layers && gguf_writer_set_u32(w, KEY("nextn_predict_layers"),
-                                                  (uint32_t)p->nextn_layers) < 0) ||
-          (p->expert_gating &&
-           gguf_writer_set_u32(w, KEY("expert_gating_func"), (uint32_t)p->expert_gating) < 0) ||
-          (p->expert_weights_norm && gguf_writer_set_bool(w, KEY("expert_weights_norm"), true) < 0) ||
-          (p->expert_weights_scale > 0 &&
-           gguf_writer_set_f32(w, KEY("expert_weights_scale"), p->expert_weights_scale) < 0))) ||
-        (ernie && (gguf_writer_set_u32(w, KEY("interleave_moe_layer_step"), 1) < 0 ||
-                   gguf_writer_set_u32(w, KEY("leading_dense_block_count"),
-                                       (uint32_t)p->n_dense_lead) < 0)) ||
-        (shexp && gguf_writer_set_u32(w, KEY("expert_shared_feed_forward_length"),
-                                      (uint32_t)ff_shexp) < 0) ||
-        ((gemma2 || gemma3) &&
-         gguf_writer_set_u32(w, KEY("attention.sliding_window"),
-                             (uint32_t)(p->sliding_window ? p->sliding_window
-                                                          : gemma2 ? 4096 : 1024)) < 0) ||
-        (gemma2 && (gguf_writer_set_f32(w, KEY("attn_logit_softcapping"),
-                                        p->attn_softcap > 0 ? p->attn_softcap : 50.0f) < 0 ||
-                    gguf_writer_set_f32(w, KEY("final_logit_softcapping"),
-                                        p->final_softcap > 0 ? p->final_softcap : 30.0f) < 0)) ||
-        (p->rope_linear > 0 &&
-         (gguf_writer_set_str(w, KEY("rope.scaling.type"), "linear") < 0 ||
-          gguf_writer_set_f32(w, KEY("rope.scaling.factor"), p->rope_linear) < 0)) ||
-        /* Hunyuan-7B's NTK-aware alpha */
-        (hunyuan && gguf_writer_set_f32(w, KEY("rope.scaling.alpha"), 1000.0f) < 0)) {
+    decoder_arch a = decoder_arch_of(p);
+    if (decoder_write_metadata(p, &a, w, n_vocab) < 0) {
         err_set(err, "cannot set metadata");
         goto out;
     }
-    /* phi3 as convert_hf_to_gguf.py's Phi3MiniModel writes it; granite with Granite 3.x's
-     * multipliers (the 2B's) */
-    int orig_ctx = p->rope_orig_ctx ? p->rope_orig_ctx : p->n_ctx;
-    double scale = (double)p->n_ctx / orig_ctx;
-    float attn_factor = scale > 1.0 ? (float)sqrt(1.0 + log(scale) / log((double)orig_ctx)) : 1.0f;
-    /* Ministral 3's YaRN: 16 times its original context of 16384 */
-    int yarn_orig_ctx = p->rope_orig_ctx ? p->rope_orig_ctx : p->n_ctx >= 16 ? p->n_ctx / 16 : 1;
-    if ((phi3 &&
-         (gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
-                              (uint32_t)orig_ctx) < 0 ||
-          gguf_writer_set_u32(w, KEY("attention.sliding_window"),
-                              (uint32_t)p->sliding_window) < 0 ||
-          (p->rope_orig_ctx &&
-           gguf_writer_set_f32(w, KEY("rope.scaling.attn_factor"), attn_factor) < 0))) ||
-        (gptoss &&
-         (gguf_writer_set_u32(w, KEY("attention.sliding_window"),
-                              (uint32_t)(p->sliding_window ? p->sliding_window : 128)) < 0 ||
-          gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn") < 0 ||
-          gguf_writer_set_f32(w, KEY("rope.scaling.factor"), 32.0f) < 0 ||
-          gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"), 4096) < 0 ||
-          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f) < 0 ||
-          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f) < 0)) ||
-        (exaone4 && p->sliding_window &&
-         (gguf_writer_set_u32(w, KEY("attention.sliding_window"),
-                              (uint32_t)p->sliding_window) < 0 ||
-          modelgen_write_swa_pattern(w, KEY("attention.sliding_window_pattern"), p->n_layer,
-                                     4) < 0)) ||
-        (mistral3 &&
-         (gguf_writer_set_str(w, KEY("rope.scaling.type"), "yarn") < 0 ||
-          gguf_writer_set_f32(w, KEY("rope.scaling.factor"),
-                              (float)p->n_ctx / (float)yarn_orig_ctx) < 0 ||
-          gguf_writer_set_u32(w, KEY("rope.scaling.original_context_length"),
-                              (uint32_t)yarn_orig_ctx) < 0 ||
-          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_fast"), 32.0f) < 0 ||
-          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_beta_slow"), 1.0f) < 0 ||
-          gguf_writer_set_f32(w, KEY("rope.scaling.yarn_log_multiplier"), 1.0f) < 0 ||
-          gguf_writer_set_f32(w, KEY("attention.temperature_scale"), 0.1f) < 0)) ||
-        (granite &&
-         (gguf_writer_set_f32(w, KEY("embedding_scale"), 12.0f) < 0 ||
-          gguf_writer_set_f32(w, KEY("residual_scale"), 0.22f) < 0 ||
-          gguf_writer_set_f32(w, KEY("attention.scale"), 0.015625f) < 0 ||
-          gguf_writer_set_f32(w, KEY("logit_scale"), 8.0f) < 0)) ||
-        /* Cohere's logit_scale: 2, where the published models' 0.0625 to 0.25 would
-         * shrink a random model's logits under the tests' absolute tolerances */
-        (cohere && gguf_writer_set_f32(w, KEY("logit_scale"), 2.0f) < 0) ||
-        (cohere2 && gguf_writer_set_u32(w, KEY("attention.sliding_window"),
-                                        (uint32_t)(p->sliding_window ? p->sliding_window
-                                                                     : 4096)) < 0)) {
-        err_set(err, "cannot set metadata");
-        goto out;
-    }
-#undef KEY
-
-    int max_t = 5 + n_blocks * 24;
-    ts = calloc((size_t)max_t, sizeof *ts);
+    ts = calloc((size_t)(5 + a.n_blocks * 24), sizeof *ts);
     if (!ts) {
         err_set(err, "out of memory");
         goto out;
     }
-#define ADD(nm, dims, c, r, sd, mu)                                                    \
-    do {                                                                               \
-        modelgen_tensor *t_ = &ts[n_t++];                                              \
-        snprintf(t_->name, sizeof t_->name, "%s", nm);                                 \
-        t_->n_dims = dims;                                                             \
-        t_->type = (dims) == 1 ? QTYPE_F32 : p->type;                                  \
-        t_->ne[0] = c;                                                                 \
-        t_->ne[1] = r;                                                                 \
-        t_->ne[2] = 1;                                                                 \
-        t_->std = sd;                                                                  \
-        t_->mean = mu;                                                                 \
-    } while (0)
-    /* n_expert matrices of (r, c) in one tensor */
-#define ADD_EXPERTS(nm, c, r, sd)                                                      \
-    do {                                                                               \
-        ADD(nm, 3, c, r, sd, 0.0f);                                                    \
-        ts[n_t - 1].ne[2] = p->n_expert;                                               \
-    } while (0)
-    float s_dim = 1.0f / sqrtf((float)p->dim), s_q = 1.0f / sqrtf((float)q_dim),
-          s_ff = 1.0f / sqrtf((float)p->n_ff);
-    ADD("token_embd.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
-    ADD("output_norm.weight", 1, p->dim, 1, 0.1f, 1.0f);
-    if (layer_norm) /* its LayerNorms have biases */
-        ADD("output_norm.bias", 1, p->dim, 1, 0.1f, 0.0f);
-    if ((!p->tie_output && !gemma && !cohere) || phi2) {
-        ADD("output.weight", 2, p->dim, n_vocab, s_dim, 0.0f);
-    }
-    if (phi2) /* lm_head's bias */
-        ADD("output.bias", 1, n_vocab, 1, 0.1f, 0.0f);
+    float s_dim = 1.0f / sqrtf((float)p->dim);
+    modelgen_add(ts, &n_t, "token_embd.weight", 2, p->dim, n_vocab, p->type, s_dim, 0.0f);
+    modelgen_add(ts, &n_t, "output_norm.weight", 1, p->dim, 1, 0, 0.1f, 1.0f);
+    if (a.layer_norm) /* its LayerNorms have biases */
+        modelgen_add(ts, &n_t, "output_norm.bias", 1, p->dim, 1, 0, 0.1f, 0.0f);
+    if ((!p->tie_output && !a.gemma && !a.cohere) || a.phi2)
+        modelgen_add(ts, &n_t, "output.weight", 2, p->dim, n_vocab, p->type, s_dim, 0.0f);
+    if (a.phi2) /* lm_head's bias */
+        modelgen_add(ts, &n_t, "output.bias", 1, n_vocab, 1, 0, 0.1f, 0.0f);
     /* Phi-3-mini-128k's short factors are 1 to ~3, its long ones 1 to ~50 */
-    if (phi3 && p->rope_orig_ctx) {
-        ADD("rope_factors_long.weight", 1, rope_dims / 2, 1, 1.5f, 4.0f);
-        ADD("rope_factors_short.weight", 1, rope_dims / 2, 1, 0.1f, 1.2f);
+    if (a.phi3 && p->rope_orig_ctx) {
+        modelgen_add(ts, &n_t, "rope_factors_long.weight", 1, a.rope_dims / 2, 1, 0, 1.5f, 4.0f);
+        modelgen_add(ts, &n_t, "rope_factors_short.weight", 1, a.rope_dims / 2, 1, 0, 0.1f, 1.2f);
     }
-    for (int l = 0; l < n_blocks; l++) {
-        char nm[64];
-#define N(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
-        if (l >= p->n_layer) { /* GLM-4.5's multi-token prediction: its own tensors too */
-            ADD(N("nextn.eh_proj.weight"), 2, 2 * p->dim, p->dim, s_dim, 0.0f);
-            ADD(N("nextn.enorm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-            ADD(N("nextn.hnorm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-            ADD(N("nextn.shared_head_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        }
-        if (!post_norms_only)
-            ADD(N("attn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        if (layer_norm)
-            ADD(N("attn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
-        if (phi3 || chatglm) {
-            ADD(N("attn_qkv.weight"), 2, p->dim, q_dim + 2 * kv_dim, s_dim, 0.0f);
-            if (chatglm) /* ChatGLM's query_key_value has a bias */
-                ADD(N("attn_qkv.bias"), 1, q_dim + 2 * kv_dim, 1, 0.1f, 0.0f);
-        } else {
-            ADD(N("attn_q.weight"), 2, p->dim, q_dim, s_dim, 0.0f);
-            ADD(N("attn_k.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
-            ADD(N("attn_v.weight"), 2, p->dim, kv_dim, s_dim, 0.0f);
-        }
-        /* StableLM 2 1.6B's q/k/v biases, StarCoder2's, Phi-2's, GLM-4-0414's, Seed-OSS's */
-        if (qwen2 || gptoss || layer_norm || glm4 || seed_oss || glm4moe) {
-            ADD(N("attn_q.bias"), 1, q_dim, 1, 0.1f, 0.0f);
-            ADD(N("attn_k.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
-            ADD(N("attn_v.bias"), 1, kv_dim, 1, 0.1f, 0.0f);
-        }
-        if (qwen3 || gemma3 || exaone4 || (glm4moe && p->glm_qk_norm)) {
-            ADD(N("attn_q_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
-            ADD(N("attn_k_norm.weight"), 1, hd, 1, 0.1f, 1.0f);
-        }
-        if (olmoe || olmo2) {
-            ADD(N("attn_q_norm.weight"), 1, q_dim, 1, 0.1f, 1.0f);
-            ADD(N("attn_k_norm.weight"), 1, kv_dim, 1, 0.1f, 1.0f);
-        }
-        if (qk_heads) { /* one row per head, F32 as the converter keeps norms */
-            ADD(N("attn_q_norm.weight"), 2, hd, p->n_head, 0.1f, 1.0f);
-            ts[n_t - 1].type = QTYPE_F32;
-            ADD(N("attn_k_norm.weight"), 2, hd, p->n_head_kv, 0.1f, 1.0f);
-            ts[n_t - 1].type = QTYPE_F32;
-        }
-        ADD(N("attn_output.weight"), 2, q_dim, p->dim, s_q, 0.0f);
-        if (gptoss) {
-            /* sinks of about e^1 times one entry's weight: a share of the attention that
-             * shows in the logits */
-            ADD(N("attn_output.bias"), 1, p->dim, 1, 0.1f, 0.0f);
-            ADD(N("attn_sinks.weight"), 1, p->n_head, 1, 1.0f, 1.0f);
-        }
-        /* gpt-oss's and Seed-OSS's feed-forward norm, named after HF's
-         * post_attention_layernorm */
-        if (gptoss || seed_oss || glm4moe)
-            ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        if (gemma2 || gemma3 || post_norms_only || glm4)
-            ADD(N("post_attention_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        /* Cohere's and Phi-2's feed-forward read attn_norm's output */
-        if (!post_norms_only && !gptoss && !cohere && !phi2 && !seed_oss && !glm4moe)
-            ADD(N("ffn_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-        if (layer_norm && !phi2)
-            ADD(N("ffn_norm.bias"), 1, p->dim, 1, 0.1f, 0.0f);
-        /* Starcoder2MLP: c_fc (ffn_up), c_proj (ffn_down), no gate; PhiMLP's fc1, fc2 */
-        if (starcoder2 || phi2) {
-            ADD(N("attn_output.bias"), 1, p->dim, 1, 0.1f, 0.0f);
-            ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
-            ADD(N("ffn_up.bias"), 1, p->n_ff, 1, 0.1f, 0.0f);
-            ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
-            ADD(N("ffn_down.bias"), 1, p->dim, 1, 0.1f, 0.0f);
-            continue;
-        }
-        if (phi3 || glm) { /* the gate's rows, then the up's, as Phi3MLP and Glm4MLP chunk them */
-            ADD(N("ffn_up.weight"), 2, p->dim, 2 * p->n_ff, s_dim, 0.0f);
-            ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
-            if (glm4)
-                ADD(N("post_ffw_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-            continue;
-        }
-        if (!p->n_expert || l < p->n_dense_lead) {
-            ADD(N("ffn_gate.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
-            ADD(N("ffn_up.weight"), 2, p->dim, p->n_ff, s_dim, 0.0f);
-            ADD(N("ffn_down.weight"), 2, p->n_ff, p->dim, s_ff, 0.0f);
-            if (gemma2 || gemma3 || post_norms_only)
-                ADD(N("post_ffw_norm.weight"), 1, p->dim, 1, 0.1f, 1.0f);
-            continue;
-        }
-        ADD(N("ffn_gate_inp.weight"), 2, p->dim, p->n_expert, s_dim, 0.0f);
-        ts[n_t - 1].type = QTYPE_F32;
-        ADD_EXPERTS(N("ffn_gate_exps.weight"), p->dim, ff_exp, s_dim);
-        ADD_EXPERTS(N("ffn_up_exps.weight"), p->dim, ff_exp, s_dim);
-        ADD_EXPERTS(N("ffn_down_exps.weight"), ff_exp, p->dim, 1.0f / sqrtf((float)ff_exp));
-        if (gptoss) { /* F32, 2-D ones one row per expert (modelgen_set_types keeps them) */
-            ADD(N("ffn_gate_inp.bias"), 1, p->n_expert, 1, 0.5f, 0.0f);
-            ADD(N("ffn_gate_exps.bias"), 2, ff_exp, p->n_expert, 0.1f, 0.0f);
-            ts[n_t - 1].type = QTYPE_F32;
-            ADD(N("ffn_up_exps.bias"), 2, ff_exp, p->n_expert, 0.1f, 0.0f);
-            ts[n_t - 1].type = QTYPE_F32;
-            ADD(N("ffn_down_exps.bias"), 2, p->dim, p->n_expert, 0.1f, 0.0f);
-            ts[n_t - 1].type = QTYPE_F32;
-        }
-        if (qwen2moe)
-            ADD(N("ffn_gate_inp_shexp.weight"), 1, p->dim, 1, s_dim, 0.0f);
-        /* of the order of the router's probabilities (~1/n_expert): it moves selections */
-        if (p->exp_probs_b || glm4moe)
-            ADD(N("exp_probs_b.bias"), 1, p->n_expert, 1, 0.5f / (float)p->n_expert, 0.0f);
-        if (shexp) {
-            ADD(N("ffn_gate_shexp.weight"), 2, p->dim, ff_shexp, s_dim, 0.0f);
-            ADD(N("ffn_up_shexp.weight"), 2, p->dim, ff_shexp, s_dim, 0.0f);
-            ADD(N("ffn_down_shexp.weight"), 2, ff_shexp, p->dim, 1.0f / sqrtf((float)ff_shexp),
-                0.0f);
-        }
-#undef N
-    }
-#undef ADD_EXPERTS
-#undef ADD
-
+    for (int l = 0; l < a.n_blocks; l++)
+        decoder_add_block(p, &a, ts, &n_t, l);
     if (modelgen_set_types(p, ts, n_t, err) == 0)
         rc = modelgen_emit(p, w, ts, n_t, path, err);
 out:
