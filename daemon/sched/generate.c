@@ -333,6 +333,262 @@ static int dry_breakers(genmodel *gm, merged_params *mp, sampler_breaker **out,
     return 0;
 }
 
+/* The generation's own sequence (not a context's), in the model's window. */
+static void gen_use_own_seq(const config *cfg, gen *g)
+{
+    kv_seq_init(&g->own_seq, g->gm->pool);
+    g->seq = &g->own_seq;
+    g->switched_in = true;
+    g->limit = cfg->n_ctx;
+}
+
+/* A Call's turn after context c's tokens, its parameters over c's defaults into mp. The
+ * error's code, or OK. */
+static Llms__ErrorCode gen_call_turn(const config *cfg, gen *g, const sched_job *j,
+                                     ctx_entry *c, merged_params *mp, bool *templated,
+                                     int32_t **turn, int *n_turn, char err[ERR_MAX])
+{
+    genmodel *gm = g->gm;
+    const Llms__CallRequest *cr = j->req->call;
+    *templated = !(cr->has_raw && cr->raw);
+    g->user_role = *templated ? "user" : "raw";
+    /* ids outside the vocabulary (its file replaced by another model's, a damaged store)
+     * fail the forward of every recompute as INTERNAL: say why, once */
+    for (int i = 0; i < c->n_tokens; i++)
+        if (c->tokens[i] < 0 || c->tokens[i] >= gm->n_vocab) {
+            err_set(err, "context '%s' holds token id %d, outside the model's vocabulary of "
+                         "%d: it was made with another model file (delete it)",
+                    c->id, c->tokens[i], gm->n_vocab);
+            return LLMS__ERROR_CODE__FAILED_PRECONDITION;
+        }
+    if (prompt_turn(gm->tok, gm->family, c, cr->prompt, !*templated, turn, n_turn, err))
+        return LLMS__ERROR_CODE__INTERNAL;
+    g->seq = &c->seq;
+    g->n_base = c->n_tokens;
+    g->limit = cfg->max_tokens_per_context;
+    merge_params(cfg, c->defaults, cr->params, mp);
+    return LLMS__ERROR_CODE__OK;
+}
+
+/* A RagQuery's turn: the prompt its retrieval builds. OK with g->rq NULL when the query
+ * was answered already (from the QA bank, or with an error). */
+static Llms__ErrorCode gen_rag_turn(sched *s, gen *g, const sched_job *j, merged_params *mp,
+                                    int32_t **turn, int *n_turn, char err[ERR_MAX])
+{
+    gen_use_own_seq(s->env.cfg, g);
+    /* before the query starts: a QA entry answers only a query of its reply length, and
+     * only a free-text one */
+    merge_params(s->env.cfg, NULL, j->req->rag_query->params, mp);
+    bool cached = false;
+    g->rq = j == &s->pred_job
+                ? rag_begin_predicted(s->rag, j->uid, j->app, j->req, mp->max_tokens,
+                                      &s->pred_task, g->seq, &cached)
+                : rag_begin(s->rag, j->conn_id, j->uid, j->app, j->req, mp->max_tokens,
+                            mp->json || mp->grammar, g->seq, j->queued_ns);
+    s->pred_cached = cached;
+    if (!g->rq)
+        return LLMS__ERROR_CODE__OK;
+    const int32_t *pt = rag_prompt(g->rq, n_turn);
+    if (!(*turn = malloc(sizeof **turn * (size_t)(*n_turn ? *n_turn : 1)))) {
+        err_set(err, "out of memory");
+        return LLMS__ERROR_CODE__INTERNAL;
+    }
+    memcpy(*turn, pt, sizeof **turn * (size_t)*n_turn);
+    return LLMS__ERROR_CODE__OK;
+}
+
+/* A Complete's turn, or with gg a graph node's prompt as a Complete of it would be. */
+static Llms__ErrorCode gen_complete_turn(const config *cfg, gen *g, const sched_job *j,
+                                         const graph_gen *gg, merged_params *mp,
+                                         bool *templated, int32_t **turn, int *n_turn,
+                                         char err[ERR_MAX])
+{
+    genmodel *gm = g->gm;
+    const Llms__CompleteRequest *cr = gg ? NULL : j->req->complete;
+    *templated = gg ? gg->chat : cr->has_chat && cr->chat;
+    if (cr && cr->n_prompt_parts) {
+        for (size_t i = 0; i < cr->n_prompt_parts; i++)
+            for (size_t k = 0; k < cr->prompt_parts[i]->n_tokens; k++)
+                if (cr->prompt_parts[i]->tokens[k] >= gm->n_vocab) {
+                    err_set(err, "prompt_parts[%zu]: token id %d is outside the model's "
+                                 "vocabulary of %d", i, cr->prompt_parts[i]->tokens[k],
+                            gm->n_vocab);
+                    return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+                }
+        if (prompt_parts_tokens(gm->tok, cr->prompt_parts, cr->n_prompt_parts, turn, n_turn,
+                                err))
+            return LLMS__ERROR_CODE__INTERNAL;
+    } else {
+        bool thinking = !cr || !cr->has_enable_thinking || cr->enable_thinking;
+        char *text = prompt_complete_text(gm->family, gg ? gg->prompt : cr->prompt, *templated,
+                                          gg ? NULL : cr->system_prompt, thinking, err);
+        if (!text)
+            return LLMS__ERROR_CODE__INTERNAL;
+        int rc = prompt_tokenize(gm->tok, text, strlen(text), true, true, turn, n_turn, err);
+        free(text);
+        if (rc)
+            return LLMS__ERROR_CODE__INTERNAL;
+    }
+    gen_use_own_seq(cfg, g);
+    merge_params(cfg, gg ? gg->node_params : NULL, gg ? gg->run_params : cr->params, mp);
+    return LLMS__ERROR_CODE__OK;
+}
+
+/* Whether a turn of n_turn tokens can run as asked: logprobs where they have a place,
+ * max_tokens, and room in the window (a WINDOW context's sink found here). The error's
+ * code, or OK. */
+static Llms__ErrorCode gen_check_turn(const config *cfg, gen *g, const ctx_entry *c,
+                                      bool graph, int n_turn, char err[ERR_MAX])
+{
+    /* a RagQuery's or graph's answer has nowhere to put them (the session refuses a
+     * RagQuery's own; a graph's may come from its stored nodes) */
+    if (g->logprobs >= 0 && (graph || g->rq)) {
+        err_set(err, "logprobs are given by Call and Complete, not by a %s",
+                graph ? "graph's generation" : "RagQuery");
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    if (n_turn == 0) {
+        err_set(err, "the prompt adds no tokens");
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    if (g->max_gen < 1) {
+        err_set(err, "max_tokens must be at least 1");
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    if (c && c->overflow == CTX_OVERFLOW_WINDOW) {
+        g->window = true;
+        if (c->window_sink == 0)
+            g->sink_want = prompt_sink_tokens(g->gm->tok, g->gm->family, c->system_prompt,
+                                              cfg->window_sink);
+    }
+    /* A turn that does not fit beside the context: a WINDOW context slides at the
+     * switch-in when the turn fits beside the sink (and the sink is all history). */
+    int sink = g->window ? ctx_window_sink(c, g->sink_want, g->limit) : 0;
+    if (g->n_base + n_turn >= g->limit &&
+        !(g->window && g->n_base >= sink && sink + n_turn < g->limit)) {
+        if (!c)
+            err_set(err, "the prompt's %d tokens do not fit the window of %d tokens", n_turn,
+                    g->limit);
+        else if (!g->window)
+            err_set(err, "context '%s' is full: it holds %d tokens, the turn adds %d and the "
+                    "window is %d tokens (its overflow is refuse; delete it or start another)",
+                    c->id, g->n_base, n_turn, g->limit);
+        else
+            err_set(err, "the turn's %d tokens do not fit the window of %d tokens beside the "
+                    "%d it keeps from the start of the context", n_turn, g->limit, sink);
+        /* Only a full context can take the turn once its state changes (deleted and
+         * started again); the other two never fit as sent. */
+        return c && !g->window ? LLMS__ERROR_CODE__FAILED_PRECONDITION
+                               : LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    }
+    if (g->logprobs >= 0 && logprobs_outgrow_frame(cfg, g, n_turn, err))
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    return LLMS__ERROR_CODE__OK;
+}
+
+/* The stop strings of mp (and the template's end of turn when templated) and the
+ * sampler: the layer's logit_bias, then ignore_eos' bans, and DRY's breakers. */
+static Llms__ErrorCode gen_sampling_init(gen *g, merged_params *mp, bool templated,
+                                         char err[ERR_MAX])
+{
+    genmodel *gm = g->gm;
+    const char *stops[STOP_MAX];
+    int n_stops = 0;
+    if (mp->stops) {
+        if (mp->stops->n_stop >= STOP_MAX) {
+            err_set(err, "at most %d stop strings", STOP_MAX - 1);
+            return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+        }
+        for (size_t i = 0; i < mp->stops->n_stop; i++)
+            stops[n_stops++] = mp->stops->stop[i];
+    }
+    /* The template's end of turn ends a reply even when the tokenizer does not mark
+     * its token as end of generation. */
+    if (templated)
+        stops[n_stops++] = chat_stop_text(gm->family);
+    if (stop_init(&g->stop, stops, n_stops, err))
+        return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    const int32_t *eog = NULL;
+    size_t n_user = mp->bias ? mp->bias->n_logit_bias : 0;
+    size_t n_eog = mp->ignore_eos ? (size_t)tok_eog_tokens(gm->tok, &eog) : 0;
+    sampler_bias *bias = NULL;
+    if (n_user + n_eog > 0) {
+        if (!(bias = malloc(sizeof *bias * (n_user + n_eog)))) {
+            err_set(err, "out of memory");
+            return LLMS__ERROR_CODE__INTERNAL;
+        }
+        for (size_t i = 0; i < n_user; i++)
+            bias[i] = (sampler_bias){mp->bias->logit_bias[i]->token,
+                                     mp->bias->logit_bias[i]->bias};
+        for (size_t i = 0; i < n_eog; i++)
+            bias[n_user + i] = (sampler_bias){eog[i], -INFINITY};
+        mp->sp.bias = bias;
+        mp->sp.n_bias = (int)(n_user + n_eog);
+    }
+    /* DRY looks back at most over the window */
+    sampler_breaker *brk = NULL;
+    mp->sp.n_ctx = g->limit;
+    if (dry_breakers(gm, mp, &brk, err)) {
+        free(bias);
+        return LLMS__ERROR_CODE__INTERNAL;
+    }
+    /* the sampler keeps a copy of the biases and breakers */
+    g->smp = sampler_new(gm->n_vocab, &mp->sp, err);
+    free(bias);
+    free(brk);
+    return g->smp ? LLMS__ERROR_CODE__OK : LLMS__ERROR_CODE__INVALID_ARGUMENT;
+}
+
+/* The reply format of mp: a JSON cursor over its schema (or any object), or a grammar's
+ * cursor. The session compiled both once already: a compile fails here only on a stored
+ * context's defaults from a version that took more, or out of memory. */
+static Llms__ErrorCode gen_format_init(gen *g, const merged_params *mp, char err[ERR_MAX])
+{
+    genmodel *gm = g->gm;
+    if (mp->json) {
+        /* the table of the model's token bytes is built once, by its first JSON reply */
+        if (!gm->json_vocab && jsonmask_vocab_new(gm->tok, &gm->json_vocab, err))
+            return LLMS__ERROR_CODE__INTERNAL;
+        if (mp->json_schema &&
+            jsonschema_compile(mp->json_schema, strlen(mp->json_schema), &g->schema, err))
+            return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+        jsonmask_cursor_init_schema(&g->json, gm->json_vocab,
+                                    g->schema ? g->schema : jsonschema_any_object());
+    }
+    if (mp->grammar) {
+        if (!gm->grammar_vocab && grammar_vocab_new(gm->tok, &gm->grammar_vocab, err))
+            return LLMS__ERROR_CODE__INTERNAL;
+        if (grammar_compile(mp->grammar, strlen(mp->grammar), &g->grammar, err))
+            return LLMS__ERROR_CODE__INVALID_ARGUMENT;
+        if (grammar_cursor_new(g->grammar, gm->grammar_vocab, &g->gram, err))
+            return LLMS__ERROR_CODE__INTERNAL;
+    }
+    return LLMS__ERROR_CODE__OK;
+}
+
+/* The history (c's tokens, then the turn's), the reply's and the log-probabilities'
+ * buffers and the speculation's state. 0, or -1 out of memory. */
+static int gen_buffers_init(sched *s, gen *g, const merged_params *mp, const ctx_entry *c,
+                            const int32_t *turn, int n_turn)
+{
+    /* A WINDOW context's turn may take hist past the limit until the switch-in slides. */
+    int n_hist = g->n_base + n_turn > g->limit ? g->n_base + n_turn : g->limit;
+    g->hist = malloc(sizeof *g->hist * (size_t)n_hist);
+    g->reply_cap = g->max_gen < g->limit ? g->max_gen : g->limit;
+    g->reply = malloc(sizeof *g->reply * (size_t)g->reply_cap);
+    if (g->logprobs >= 0)
+        g->lp = malloc(sizeof *g->lp * (size_t)g->reply_cap);
+    if (!g->hist || !g->reply || (g->logprobs >= 0 && !g->lp) ||
+        (mp->speculate && spec_gen_init(g, s->env.cfg, mp->speculate,
+                                        g->gm == s->gm[0] ? s->drafter : NULL) < 0))
+        return -1;
+    if (c && c->n_tokens)
+        memcpy(g->hist, c->tokens, sizeof *g->hist * (size_t)c->n_tokens);
+    memcpy(g->hist + g->n_base, turn, sizeof *turn * (size_t)n_turn);
+    g->n_hist = g->n_base + n_turn;
+    return 0;
+}
+
 /* Builds the generation of a Call, Complete or RagQuery job, or with gg of a graph
  * generation node, on the generate model gm (a Call's: its context's). NULL after
  * answering the job with an error (gg: after putting the error in gg, the job
@@ -360,237 +616,32 @@ gen *gen_new(sched *s, genmodel *gm, const sched_job *j, ctx_entry *c, graph_gen
         err_set(err, "out of memory");
         goto fail;
     }
-
-    const Llms__GenerationParams *req_p;
     merged_params mp;
-    sampler_bias *bias = NULL;
-    bool templated;
-    if (c) {
-        Llms__CallRequest *cr = j->req->call;
-        templated = !(cr->has_raw && cr->raw);
-        req_p = cr->params;
-        g->user_role = templated ? "user" : "raw";
-        /* ids outside the vocabulary (its file replaced by another model's, a damaged
-         * store) fail the forward of every recompute as INTERNAL: say why, once */
-        for (int i = 0; i < c->n_tokens; i++)
-            if (c->tokens[i] < 0 || c->tokens[i] >= gm->n_vocab) {
-                code = LLMS__ERROR_CODE__FAILED_PRECONDITION;
-                err_set(err, "context '%s' holds token id %d, outside the model's vocabulary "
-                             "of %d: it was made with another model file (delete it)",
-                        c->id, c->tokens[i], gm->n_vocab);
-                goto fail;
-            }
-        if (prompt_turn(gm->tok, gm->family, c, cr->prompt, !templated, &turn, &n_turn, err))
-            goto fail;
-        g->seq = &c->seq;
-        g->n_base = c->n_tokens;
-        g->limit = cfg->max_tokens_per_context;
-        merge_params(cfg, c->defaults, req_p, &mp);
-    } else if (j->req->body_case == LLMS__REQUEST__BODY_RAG_QUERY) {
-        kv_seq_init(&g->own_seq, gm->pool);
-        g->seq = &g->own_seq;
-        g->switched_in = true;
-        g->limit = cfg->n_ctx;
-        req_p = j->req->rag_query->params;
-        /* before the query starts: a QA entry answers only a query of its reply length,
-         * and only a free-text one */
-        merge_params(cfg, NULL, req_p, &mp);
-        bool cached = false;
-        g->rq = j == &s->pred_job
-                    ? rag_begin_predicted(s->rag, j->uid, j->app, j->req, mp.max_tokens,
-                                          &s->pred_task, g->seq, &cached)
-                    : rag_begin(s->rag, j->conn_id, j->uid, j->app, j->req, mp.max_tokens,
-                                mp.json || mp.grammar, g->seq, j->queued_ns);
-        s->pred_cached = cached;
-        if (!g->rq) {
-            gen_free(g); /* answered: from the QA bank or with an error */
-            return NULL;
-        }
-        const int32_t *pt = rag_prompt(g->rq, &n_turn);
-        if (!(turn = malloc(sizeof *turn * (size_t)(n_turn ? n_turn : 1)))) {
-            err_set(err, "out of memory");
-            goto fail;
-        }
-        memcpy(turn, pt, sizeof *turn * (size_t)n_turn);
-        templated = true;
-    } else {
-        /* a Complete, or a graph node's prompt as a Complete of it would be */
-        const Llms__CompleteRequest *cr = gg ? NULL : j->req->complete;
-        const Llms__GenerationParams *node_p = gg ? gg->node_params : NULL;
-        templated = gg ? gg->chat : cr->has_chat && cr->chat;
-        req_p = gg ? gg->run_params : cr->params;
-        if (cr && cr->n_prompt_parts) {
-            for (size_t i = 0; i < cr->n_prompt_parts; i++)
-                for (size_t k = 0; k < cr->prompt_parts[i]->n_tokens; k++)
-                    if (cr->prompt_parts[i]->tokens[k] >= gm->n_vocab) {
-                        code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
-                        err_set(err, "prompt_parts[%zu]: token id %d is outside the model's "
-                                     "vocabulary of %d", i, cr->prompt_parts[i]->tokens[k],
-                                gm->n_vocab);
-                        goto fail;
-                    }
-            if (prompt_parts_tokens(gm->tok, cr->prompt_parts, cr->n_prompt_parts, &turn,
-                                    &n_turn, err))
-                goto fail;
-        } else {
-            bool thinking = !cr || !cr->has_enable_thinking || cr->enable_thinking;
-            char *text = prompt_complete_text(gm->family, gg ? gg->prompt : cr->prompt,
-                                              templated, gg ? NULL : cr->system_prompt, thinking,
-                                              err);
-            if (!text)
-                goto fail;
-            int rc = prompt_tokenize(gm->tok, text, strlen(text), true, true, &turn, &n_turn,
-                                     err);
-            free(text);
-            if (rc)
-                goto fail;
-        }
-        kv_seq_init(&g->own_seq, gm->pool);
-        g->seq = &g->own_seq;
-        g->switched_in = true;
-        g->limit = cfg->n_ctx;
-        merge_params(cfg, node_p, req_p, &mp);
+    bool templated = true;
+    bool rag_query = !c && j->req->body_case == LLMS__REQUEST__BODY_RAG_QUERY;
+    code = c           ? gen_call_turn(cfg, g, j, c, &mp, &templated, &turn, &n_turn, err)
+           : rag_query ? gen_rag_turn(s, g, j, &mp, &turn, &n_turn, err)
+                       : gen_complete_turn(cfg, g, j, gg, &mp, &templated, &turn, &n_turn,
+                                           err);
+    if (code != LLMS__ERROR_CODE__OK)
+        goto fail;
+    if (rag_query && !g->rq) {
+        gen_free(g); /* answered: from the QA bank or with an error */
+        return NULL;
     }
     g->max_gen = mp.max_tokens;
     g->logprobs = mp.logprobs;
-    code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
-    /* a RagQuery's or graph's answer has nowhere to put them (the session refuses a
-     * RagQuery's own; a graph's may come from its stored nodes) */
-    if (g->logprobs >= 0 && (gg || g->rq)) {
-        err_set(err, "logprobs are given by Call and Complete, not by a %s",
-                gg ? "graph's generation" : "RagQuery");
+    if ((code = gen_check_turn(cfg, g, c, gg != NULL, n_turn, err)) != LLMS__ERROR_CODE__OK ||
+        (code = gen_sampling_init(g, &mp, templated, err)) != LLMS__ERROR_CODE__OK ||
+        (code = gen_format_init(g, &mp, err)) != LLMS__ERROR_CODE__OK)
         goto fail;
-    }
-    if (n_turn == 0) {
-        err_set(err, "the prompt adds no tokens");
-        goto fail;
-    }
-    if (g->max_gen < 1) {
-        err_set(err, "max_tokens must be at least 1");
-        goto fail;
-    }
-    if (c && c->overflow == CTX_OVERFLOW_WINDOW) {
-        g->window = true;
-        if (c->window_sink == 0)
-            g->sink_want = prompt_sink_tokens(gm->tok, gm->family, c->system_prompt,
-                                              cfg->window_sink);
-    }
-    /* A turn that does not fit beside the context: a WINDOW context slides at the
-     * switch-in when the turn fits beside the sink (and the sink is all history). */
-    int sink = g->window ? ctx_window_sink(c, g->sink_want, g->limit) : 0;
-    if (g->n_base + n_turn >= g->limit &&
-        !(g->window && g->n_base >= sink && sink + n_turn < g->limit)) {
-        /* Only a full context can take the turn once its state changes (deleted and
-         * started again); the other two never fit as sent. */
-        code = c && !g->window ? LLMS__ERROR_CODE__FAILED_PRECONDITION
-                               : LLMS__ERROR_CODE__INVALID_ARGUMENT;
-        if (!c)
-            err_set(err, "the prompt's %d tokens do not fit the window of %d tokens", n_turn,
-                    g->limit);
-        else if (!g->window)
-            err_set(err, "context '%s' is full: it holds %d tokens, the turn adds %d and the "
-                    "window is %d tokens (its overflow is refuse; delete it or start another)",
-                    c->id, g->n_base, n_turn, g->limit);
-        else
-            err_set(err, "the turn's %d tokens do not fit the window of %d tokens beside the "
-                    "%d it keeps from the start of the context", n_turn, g->limit, sink);
-        goto fail;
-    }
-    if (g->logprobs >= 0 && logprobs_outgrow_frame(cfg, g, n_turn, err))
-        goto fail;
-    const char *stops[STOP_MAX];
-    int n_stops = 0;
-    if (mp.stops) {
-        if (mp.stops->n_stop >= STOP_MAX) {
-            err_set(err, "at most %d stop strings", STOP_MAX - 1);
-            goto fail;
-        }
-        for (size_t i = 0; i < mp.stops->n_stop; i++)
-            stops[n_stops++] = mp.stops->stop[i];
-    }
-    /* The template's end of turn ends a reply even when the tokenizer does not mark
-     * its token as end of generation. */
-    if (templated)
-        stops[n_stops++] = chat_stop_text(gm->family);
-    if (stop_init(&g->stop, stops, n_stops, err))
-        goto fail;
-    /* the layer's logit_bias, then ignore_eos' bans */
-    const int32_t *eog = NULL;
-    size_t n_user = mp.bias ? mp.bias->n_logit_bias : 0;
-    size_t n_eog = mp.ignore_eos ? (size_t)tok_eog_tokens(gm->tok, &eog) : 0;
-    if (n_user + n_eog > 0) {
-        if (!(bias = malloc(sizeof *bias * (n_user + n_eog)))) {
-            code = LLMS__ERROR_CODE__INTERNAL;
-            err_set(err, "out of memory");
-            goto fail;
-        }
-        for (size_t i = 0; i < n_user; i++)
-            bias[i] = (sampler_bias){mp.bias->logit_bias[i]->token, mp.bias->logit_bias[i]->bias};
-        for (size_t i = 0; i < n_eog; i++)
-            bias[n_user + i] = (sampler_bias){eog[i], -INFINITY};
-        mp.sp.bias = bias;
-        mp.sp.n_bias = (int)(n_user + n_eog);
-    }
-    /* DRY looks back at most over the window */
-    sampler_breaker *brk = NULL;
-    mp.sp.n_ctx = g->limit;
-    if (dry_breakers(gm, &mp, &brk, err)) {
-        free(bias);
+    if (gen_buffers_init(s, g, &mp, c, turn, n_turn) < 0) {
         code = LLMS__ERROR_CODE__INTERNAL;
-        goto fail;
-    }
-    /* the sampler keeps a copy of the biases and breakers */
-    g->smp = sampler_new(gm->n_vocab, &mp.sp, err);
-    free(bias);
-    free(brk);
-    if (!g->smp)
-        goto fail;
-    code = LLMS__ERROR_CODE__INTERNAL;
-    if (mp.json) {
-        /* the table of the model's token bytes is built once, by its first JSON reply */
-        if (!gm->json_vocab && jsonmask_vocab_new(gm->tok, &gm->json_vocab, err))
-            goto fail;
-        /* the session compiled it once already: this fails only on a stored context's
-         * defaults from a version that took more, or out of memory */
-        if (mp.json_schema) {
-            code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
-            if (jsonschema_compile(mp.json_schema, strlen(mp.json_schema), &g->schema, err))
-                goto fail;
-            code = LLMS__ERROR_CODE__INTERNAL;
-        }
-        jsonmask_cursor_init_schema(&g->json, gm->json_vocab,
-                                    g->schema ? g->schema : jsonschema_any_object());
-    }
-    if (mp.grammar) {
-        if (!gm->grammar_vocab && grammar_vocab_new(gm->tok, &gm->grammar_vocab, err))
-            goto fail;
-        /* compiled by the session once already: this fails as a schema may, above */
-        code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
-        if (grammar_compile(mp.grammar, strlen(mp.grammar), &g->grammar, err))
-            goto fail;
-        code = LLMS__ERROR_CODE__INTERNAL;
-        if (grammar_cursor_new(g->grammar, gm->grammar_vocab, &g->gram, err))
-            goto fail;
-    }
-    /* A WINDOW context's turn may take hist past the limit until the switch-in slides. */
-    g->hist = malloc(sizeof *g->hist * (size_t)(g->n_base + n_turn > g->limit ? g->n_base + n_turn
-                                                                              : g->limit));
-    g->reply_cap = g->max_gen < g->limit ? g->max_gen : g->limit;
-    g->reply = malloc(sizeof *g->reply * (size_t)g->reply_cap);
-    if (g->logprobs >= 0)
-        g->lp = malloc(sizeof *g->lp * (size_t)g->reply_cap);
-    if (!g->hist || !g->reply || (g->logprobs >= 0 && !g->lp) || (mp.speculate &&
-                                       spec_gen_init(g, cfg, mp.speculate,
-                                                     gm == s->gm[0] ? s->drafter : NULL) < 0)) {
         err_set(err, "out of memory");
         goto fail;
     }
-    if (c && c->n_tokens)
-        memcpy(g->hist, c->tokens, sizeof *g->hist * (size_t)c->n_tokens);
-    memcpy(g->hist + g->n_base, turn, sizeof *turn * (size_t)n_turn);
     g->turn = turn;
     g->n_turn = n_turn;
-    g->n_hist = g->n_base + n_turn;
     if (c) {
         c->busy = true;
         c->last_used_ms = clock_wall_ms();
