@@ -3615,18 +3615,18 @@ static void model_residual(float *x, float *y, float scale, int n)
     ops_add(x, y, n);
 }
 
-/* One step over r->parts[0 .. n_parts), whose seq, b, t0, n, n_kv_total are set and
- * whose rows fit in max_batch: appends their entries and evaluates all rows stacked. */
-static void model_forward_rows(model_runner *r, int n_parts)
+/* The embeddings of parts' rows stacked in r->x (adapters' rows and the embedding scale
+ * applied), with each row's RoPE angles, and their KV entries appended to the parts'
+ * sequences; the rows of parts too short for attention by GEMM listed in
+ * r->item_rows. Returns the rows; *n_items the listed ones. */
+static int model_embed_rows(model_runner *r, int n_parts, int *n_items)
 {
-    const model *m = r->m, *w = r->w;
-    const model_hparams *hp = &m->hp;
-    int dim = hp->dim;
-    model_part *parts = r->parts;
-    int n = 0, n_items = 0;
-
+    const model *w = r->w;
+    const model_hparams *hp = &r->m->hp;
+    int dim = hp->dim, n = 0;
+    *n_items = 0;
     for (int i = 0; i < n_parts; i++) {
-        model_part *pt = &parts[i];
+        model_part *pt = &r->parts[i];
         const model_batch *b = pt->b;
         pt->r0 = n;
         pt->o0 = 0;
@@ -3652,7 +3652,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
             r->row_pos[n] = b->positions[t];
             kv_seq_append(pt->seq, tok, b->positions[t], &r->slot_chunk[n], &r->slot_index[n]);
             if (pt->n < MODEL_ATTN_GEMM_MIN)
-                r->item_rows[n_items++] = n;
+                r->item_rows[(*n_items)++] = n;
         }
         pt->n_kv = kv_seq_n_tokens(pt->seq);
     }
@@ -3661,6 +3661,138 @@ static void model_forward_rows(model_runner *r, int n_parts)
      * looked up */
     if (hp->embd_scale != 1.0f)
         ops_scale(r->x, hp->embd_scale, (size_t)n * dim);
+    return n;
+}
+
+/* Layer s->layer's attention over s->n rows: x += attention(norm(x)). */
+static void model_attention_sublayer(model_runner *r, model_step *s)
+{
+    const model_hparams *hp = &r->m->hp;
+    const model_layer *L = s->L;
+    int l = s->layer, n = s->n, n_parts = s->n_parts, dim = hp->dim;
+    const model_part *parts = s->parts;
+    s->norm_w = L->attn_norm;
+    s->norm_b = L->attn_norm_b;
+    model_run(r, model_norm_job, s);
+    /* deepseek2's adapters are refused (lora.c): its matrices are not the slots' */
+    bool mla = hp->mla_kv_rank > 0;
+    if (mla) {
+        model_mla_project(r, L, n);
+    } else {
+        const ops_matrix *qkv[] = {&L->wq, &L->wk, &L->wv};
+        float *qkv_out[] = {r->q, r->k, r->v};
+        ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
+        const int qkv_slots[] = {LORA_SLOT(l, LORA_Q), LORA_SLOT(l, LORA_K),
+                                 LORA_SLOT(l, LORA_V)};
+        model_lora_add(r, n_parts, 3, qkv_slots, r->xn, qkv_out);
+    }
+    /* before the new entries are written: they may go into an existing chunk */
+    for (int i = 0; i < n_parts; i++)
+        if (parts[i].b->layer_ready && parts[i].t0 == 0)
+            parts[i].b->layer_ready(parts[i].b->layer_ready_arg, l);
+    model_run(r, mla ? model_mla_kv_job : model_qkv_job, s);
+    model_attention(r, s);
+    if (mla) {
+        model_mla_values(r, L, n);
+        ops_matmul(r->pool, &L->wo, r->mla_v, n, r->proj, r->mm_scratch);
+    } else {
+        ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
+        const int o_slot = LORA_SLOT(l, LORA_O);
+        model_lora_add(r, n_parts, 1, &o_slot, r->att, &r->proj);
+    }
+    for (int t = 0; L->bo && t < n; t++)
+        ops_add(r->proj + (size_t)t * dim, L->bo, dim);
+    if (L->attn_post_norm) {
+        s->norm_w = L->attn_post_norm;
+        model_run(r, model_post_norm_job, s);
+    }
+    model_residual(r->x, r->proj, hp->residual_scale, n * dim);
+}
+
+/* Layer s->layer's feed-forward (its experts', or a dense one) over s->n rows:
+ * x += ffn(norm(x)). */
+static void model_ffn_sublayer(model_runner *r, model_step *s)
+{
+    const model_hparams *hp = &r->m->hp;
+    const model_layer *L = s->L;
+    int l = s->layer, n = s->n, n_parts = s->n_parts, dim = hp->dim;
+    /* a parallel layer's feed-forward (command-r, cohere2, phi2) reads r->xn as
+     * attention read it */
+    s->norm_w = L->ffn_norm;
+    s->norm_b = L->ffn_norm_b;
+    if (!hp->parallel)
+        model_run(r, model_norm_job, s);
+    if (model_layer_has_experts(hp, l)) {
+        model_moe(r, L, n);
+    } else {
+        /* starcoder2's and phi2's ungated feed-forward: up's product alone, into
+         * r->gate */
+        bool gated = hp->ffn_act != MODEL_FFN_GELU_TANH_UNGATED;
+        const ops_matrix *gate_up[] = {gated ? &L->w_gate : &L->w_up, &L->w_up};
+        float *gate_up_out[] = {r->gate, r->up};
+        ops_matmul_n(r->pool, gated ? 2 : 1, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
+        const int gate_up_slots[] = {LORA_SLOT(l, gated ? LORA_GATE : LORA_UP),
+                                     LORA_SLOT(l, LORA_UP)};
+        model_lora_add(r, n_parts, gated ? 2 : 1, gate_up_slots, r->xn, gate_up_out);
+        model_run(r, model_ffn_act_job, s);
+        ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
+        const int down_slot = LORA_SLOT(l, LORA_DOWN);
+        model_lora_add(r, n_parts, 1, &down_slot, r->gate, &r->proj);
+        for (int t = 0; L->b_down && t < n; t++)
+            ops_add(r->proj + (size_t)t * dim, L->b_down, dim);
+    }
+    if (L->ffn_post_norm) {
+        s->norm_w = L->ffn_post_norm;
+        model_run(r, model_post_norm_job, s);
+    }
+    model_residual(r->x, r->proj, hp->residual_scale, n * dim);
+}
+
+/* The final norm of the rows whose logits the parts' batches ask for, then their logits
+ * (softcapped where the model says) into the batches; the last hidden rows saved. */
+static void model_output_rows(model_runner *r, model_step *s, bool stream)
+{
+    const model *m = r->m;
+    const model_hparams *hp = &m->hp;
+    int dim = hp->dim, n_logits = 0;
+    for (int i = 0; i < s->n_parts; i++) {
+        const model_part *pt = &s->parts[i];
+        const model_batch *b = pt->b;
+        if (b->hidden_last)
+            model_save_rows(r, pt, b->hidden_last);
+        if (!b->logits)
+            continue;
+        for (int o = pt->o0; o < pt->o1; o++, n_logits++) {
+            model_norm_row(hp, r->xn + (size_t)n_logits * dim,
+                           r->x + (size_t)(pt->r0 + b->out_rows[o] - pt->t0) * dim,
+                           m->output_norm, m->output_norm_b);
+            r->out_dst[n_logits] = b->logits + (size_t)o * hp->n_vocab;
+            r->out_model[n_logits] = pt->m;
+        }
+    }
+    if (n_logits == 0)
+        return;
+    if (stream)
+        model_advise_layer(r, -1, false);
+    model_logits(r, n_logits);
+    if (stream)
+        model_advise_layer(r, -1, true);
+    if (hp->final_softcap > 0) {
+        s->n = n_logits;
+        model_run(r, model_softcap_job, s);
+    }
+}
+
+/* One step over r->parts[0 .. n_parts), whose seq, b, t0, n, n_kv_total are set and
+ * whose rows fit in max_batch: appends their entries and evaluates all rows stacked. */
+static void model_forward_rows(model_runner *r, int n_parts)
+{
+    const model *w = r->w;
+    const model_hparams *hp = &r->m->hp;
+    int dim = hp->dim;
+    model_part *parts = r->parts;
+    int n_items;
+    int n = model_embed_rows(r, n_parts, &n_items);
     for (int i = 0; i < n_parts; i++)
         if (parts[i].b->hidden)
             model_save_rows(r, &parts[i], parts[i].b->hidden);
@@ -3686,8 +3818,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
             r->aborted = true;
             return;
         }
-        const model_layer *L = &w->layers[l];
-        s.L = L;
+        s.L = &w->layers[l];
         s.layer = l;
         s.window = model_layer_window(hp, l);
         s.rope = !model_layer_rotates(hp, l)      ? NULL
@@ -3695,75 +3826,8 @@ static void model_forward_rows(model_runner *r, int n_parts)
                                                 : r->rope;
         if (stream && l + 1 < hp->n_layer)
             model_advise_layer(r, l + 1, false);
-
-        s.norm_w = L->attn_norm;
-        s.norm_b = L->attn_norm_b;
-        model_run(r, model_norm_job, &s);
-        /* deepseek2's adapters are refused (lora.c): its matrices are not the slots' */
-        bool mla = hp->mla_kv_rank > 0;
-        if (mla) {
-            model_mla_project(r, L, n);
-        } else {
-            const ops_matrix *qkv[] = {&L->wq, &L->wk, &L->wv};
-            float *qkv_out[] = {r->q, r->k, r->v};
-            ops_matmul_n(r->pool, 3, qkv, r->xn, n, qkv_out, r->mm_scratch);
-            const int qkv_slots[] = {LORA_SLOT(l, LORA_Q), LORA_SLOT(l, LORA_K),
-                                     LORA_SLOT(l, LORA_V)};
-            model_lora_add(r, n_parts, 3, qkv_slots, r->xn, qkv_out);
-        }
-        /* before the new entries are written: they may go into an existing chunk */
-        for (int i = 0; i < n_parts; i++)
-            if (parts[i].b->layer_ready && parts[i].t0 == 0)
-                parts[i].b->layer_ready(parts[i].b->layer_ready_arg, l);
-        model_run(r, mla ? model_mla_kv_job : model_qkv_job, &s);
-        model_attention(r, &s);
-        if (mla) {
-            model_mla_values(r, L, n);
-            ops_matmul(r->pool, &L->wo, r->mla_v, n, r->proj, r->mm_scratch);
-        } else {
-            ops_matmul(r->pool, &L->wo, r->att, n, r->proj, r->mm_scratch);
-            const int o_slot = LORA_SLOT(l, LORA_O);
-            model_lora_add(r, n_parts, 1, &o_slot, r->att, &r->proj);
-        }
-        for (int t = 0; L->bo && t < n; t++)
-            ops_add(r->proj + (size_t)t * dim, L->bo, dim);
-        if (L->attn_post_norm) {
-            s.norm_w = L->attn_post_norm;
-            model_run(r, model_post_norm_job, &s);
-        }
-        model_residual(r->x, r->proj, hp->residual_scale, n * dim);
-
-        /* a parallel layer's feed-forward (command-r, cohere2, phi2) reads r->xn as
-         * attention read it */
-        s.norm_w = L->ffn_norm;
-        s.norm_b = L->ffn_norm_b;
-        if (!hp->parallel)
-            model_run(r, model_norm_job, &s);
-        if (model_layer_has_experts(hp, l)) {
-            model_moe(r, L, n);
-        } else {
-            /* starcoder2's and phi2's ungated feed-forward: up's product alone, into
-             * r->gate */
-            bool gated = hp->ffn_act != MODEL_FFN_GELU_TANH_UNGATED;
-            const ops_matrix *gate_up[] = {gated ? &L->w_gate : &L->w_up, &L->w_up};
-            float *gate_up_out[] = {r->gate, r->up};
-            ops_matmul_n(r->pool, gated ? 2 : 1, gate_up, r->xn, n, gate_up_out, r->mm_scratch);
-            const int gate_up_slots[] = {LORA_SLOT(l, gated ? LORA_GATE : LORA_UP),
-                                         LORA_SLOT(l, LORA_UP)};
-            model_lora_add(r, n_parts, gated ? 2 : 1, gate_up_slots, r->xn, gate_up_out);
-            model_run(r, model_ffn_act_job, &s);
-            ops_matmul(r->pool, &L->w_down, r->gate, n, r->proj, r->mm_scratch);
-            const int down_slot = LORA_SLOT(l, LORA_DOWN);
-            model_lora_add(r, n_parts, 1, &down_slot, r->gate, &r->proj);
-            for (int t = 0; L->b_down && t < n; t++)
-                ops_add(r->proj + (size_t)t * dim, L->b_down, dim);
-        }
-        if (L->ffn_post_norm) {
-            s.norm_w = L->ffn_post_norm;
-            model_run(r, model_post_norm_job, &s);
-        }
-        model_residual(r->x, r->proj, hp->residual_scale, n * dim);
-
+        model_attention_sublayer(r, &s);
+        model_ffn_sublayer(r, &s);
         for (int i = 0; i < n_parts; i++)
             if (parts[i].b->hidden)
                 model_save_rows(r, &parts[i],
@@ -3771,34 +3835,7 @@ static void model_forward_rows(model_runner *r, int n_parts)
         if (stream)
             model_advise_layer(r, l, true);
     }
-
-    int n_logits = 0;
-    for (int i = 0; i < n_parts; i++) {
-        const model_part *pt = &parts[i];
-        const model_batch *b = pt->b;
-        if (b->hidden_last)
-            model_save_rows(r, pt, b->hidden_last);
-        if (!b->logits)
-            continue;
-        for (int o = pt->o0; o < pt->o1; o++, n_logits++) {
-            model_norm_row(hp, r->xn + (size_t)n_logits * dim,
-                           r->x + (size_t)(pt->r0 + b->out_rows[o] - pt->t0) * dim,
-                           m->output_norm, m->output_norm_b);
-            r->out_dst[n_logits] = b->logits + (size_t)o * hp->n_vocab;
-            r->out_model[n_logits] = pt->m;
-        }
-    }
-    if (n_logits > 0) {
-        if (stream)
-            model_advise_layer(r, -1, false);
-        model_logits(r, n_logits);
-        if (stream)
-            model_advise_layer(r, -1, true);
-        if (hp->final_softcap > 0) {
-            s.n = n_logits;
-            model_run(r, model_softcap_job, &s);
-        }
-    }
+    model_output_rows(r, &s, stream);
 }
 
 /* model_forward's rules for one batch against its sequence; `what` names it in errors. */
