@@ -1579,6 +1579,177 @@ static int model_load_mla(model *m, model_layer *L, int l, char err[ERR_MAX])
     return 0;
 }
 
+/* StableLM's, StarCoder2's and Phi-2's LayerNorms have biases, Cohere's none. */
+static bool model_norms_have_biases(const model_hparams *hp)
+{
+    return hp->norm == MODEL_NORM_LAYER && hp->arch != MODEL_ARCH_COMMAND_R &&
+           hp->arch != MODEL_ARCH_COHERE2;
+}
+
+/* Whether layer l of a Phi-2 file fuses q, k and v in one matrix. */
+static bool model_phi2_fused_qkv(const model *m, int l)
+{
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.attn_qkv.weight", l);
+    return m->hp.arch == MODEL_ARCH_PHI2 && gguf_find_tensor(m->g, name);
+}
+
+/* Layer l's norms and matrices: attention's and the feed-forward's (its experts'). */
+static int model_load_layer_matrices(model *m, model_layer *L, int l, char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    bool layer_norm = model_norms_have_biases(hp), gptoss = hp->arch == MODEL_ARCH_GPTOSS;
+    bool gated = hp->ffn_act != MODEL_FFN_GELU_TANH_UNGATED;
+    bool mla = hp->arch == MODEL_ARCH_DEEPSEEK2, phi2_qkv = model_phi2_fused_qkv(m, l);
+    int64_t wo_cols = mla ? (int64_t)hp->n_head * hp->mla_v_dim : q_dim;
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    if ((hp->pre_norms &&
+         (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
+          /* gpt-oss's and Seed-OSS's converters name the feed-forward's norm after
+           * HF's post_attention_layernorm; a parallel layer has none */
+          (!hp->parallel &&
+           model_vector(m, gptoss || hp->arch == MODEL_ARCH_SEED_OSS ||
+                                   hp->arch == MODEL_ARCH_GLM4MOE
+                               ? NAME("post_attention_norm.weight")
+                               : NAME("ffn_norm.weight"),
+                        hp->dim, &L->ffn_norm, err) < 0))) ||
+        (layer_norm &&
+         (model_vector(m, NAME("attn_norm.bias"), hp->dim, &L->attn_norm_b, err) < 0 ||
+          (!hp->parallel &&
+           model_vector(m, NAME("ffn_norm.bias"), hp->dim, &L->ffn_norm_b, err) < 0))) ||
+        model_matrix(m, NAME("attn_output.weight"), hp->dim, wo_cols, &L->wo, err) < 0)
+        return -1;
+    /* StableLM 2 12B: per-head q/k LayerNorms and a parallel residual (no ffn_norm,
+     * which the line above requires), llama.cpp's optional tensors; not computed here */
+    if (hp->arch == MODEL_ARCH_STABLELM && gguf_find_tensor(m->g, NAME("attn_q_norm.weight")))
+        return err_set(err, "tensor '%s': StableLM 2 12B's per-head q/k LayerNorms are not "
+                            "supported", name);
+    if (hp->arch == MODEL_ARCH_GLM4 || hp->arch == MODEL_ARCH_CHATGLM) {
+        if (model_load_glm4(m, L, l, err) < 0)
+            return -1;
+    } else if (hp->arch == MODEL_ARCH_PHI3) { /* fused q, k, v and gate, up */
+        ops_matrix qkv, gate_up;
+        if (model_fused(m, NAME("attn_qkv.weight"), q_dim + 2 * kv_dim,
+                        "n_head * head_dim + 2 * n_head_kv * head_dim (q, k, v)", &qkv,
+                        err) < 0 ||
+            model_fused(m, NAME("ffn_up.weight"), 2 * (int64_t)hp->n_ff,
+                        "2 * feed_forward_length (gate, up)", &gate_up, err) < 0 ||
+            model_matrix(m, NAME("ffn_down.weight"), hp->dim, hp->n_ff, &L->w_down, err) < 0)
+            return -1;
+        L->wq = model_rows(&qkv, 0, q_dim);
+        L->wk = model_rows(&qkv, q_dim, kv_dim);
+        L->wv = model_rows(&qkv, q_dim + kv_dim, kv_dim);
+        L->w_gate = model_rows(&gate_up, 0, hp->n_ff);
+        L->w_up = model_rows(&gate_up, hp->n_ff, hp->n_ff);
+    } else if ((mla        ? model_load_mla(m, L, l, err) < 0
+                : phi2_qkv ? model_load_fused_qkv(m, L, l, true, err) < 0
+                           : model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq,
+                                          err) < 0 ||
+                                 model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim,
+                                              &L->wk, err) < 0 ||
+                                 model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim,
+                                              &L->wv, err) < 0) ||
+               (model_layer_has_experts(hp, l) ? model_load_experts(m, L, l, err) < 0
+                             : (gated && model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff,
+                                                      hp->dim, &L->w_gate, err) < 0) ||
+                                   model_matrix(m, NAME("ffn_up.weight"), hp->n_ff, hp->dim,
+                                                &L->w_up, err) < 0 ||
+                                   model_matrix(m, NAME("ffn_down.weight"), hp->dim,
+                                                hp->n_ff, &L->w_down, err) < 0))
+        return -1;
+#undef NAME
+    return 0;
+}
+
+/* Layer l's vectors beside its matrices: biases, per-head and whole q/k norms, post
+ * norms, gpt-oss's own; a gated feed-forward's biases refused. */
+static int model_load_layer_extras(model *m, model_layer *L, int l, char err[ERR_MAX])
+{
+    const model_hparams *hp = &m->hp;
+    int64_t q_dim = (int64_t)hp->n_head * hp->head_dim;
+    int64_t kv_dim = (int64_t)hp->n_head_kv * hp->head_dim;
+    bool phi2 = hp->arch == MODEL_ARCH_PHI2, gptoss = hp->arch == MODEL_ARCH_GPTOSS;
+    bool qwen2 = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_QWEN2MOE || gptoss;
+    bool qk_norm = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
+                   hp->arch == MODEL_ARCH_GEMMA3 || hp->arch == MODEL_ARCH_EXAONE4 ||
+                   hp->arch == MODEL_ARCH_HUNYUAN_DENSE;
+    bool starcoder2 = hp->arch == MODEL_ARCH_STARCODER2;
+    bool gated = hp->ffn_act != MODEL_FFN_GELU_TANH_UNGATED;
+    bool mla = hp->arch == MODEL_ARCH_DEEPSEEK2, phi2_qkv = model_phi2_fused_qkv(m, l);
+    char name[96];
+#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
+    /* q/k/v biases: required of qwen2's family, StarCoder2's and Phi-2's; any other
+     * architecture's where the file has them (all three: StableLM 2 1.6B's, InternLM2's,
+     * llama conversions of models with attention_bias), as llama.cpp's loader takes them
+     * for every architecture; GLM-4's and fused attn_qkv's are their loaders' */
+    bool own_qkv = phi2_qkv || mla || hp->arch == MODEL_ARCH_GLM4 ||
+                   hp->arch == MODEL_ARCH_CHATGLM;
+    bool biases = qwen2 || starcoder2 || (phi2 && !phi2_qkv) ||
+                  (!own_qkv && (gguf_find_tensor(m->g, NAME("attn_q.bias")) ||
+                                gguf_find_tensor(m->g, NAME("attn_k.bias")) ||
+                                gguf_find_tensor(m->g, NAME("attn_v.bias"))));
+    if (biases &&
+        (model_vector(m, NAME("attn_q.bias"), q_dim, &L->extras.bq, err) < 0 ||
+         model_vector(m, NAME("attn_k.bias"), kv_dim, &L->extras.bk, err) < 0 ||
+         model_vector(m, NAME("attn_v.bias"), kv_dim, &L->extras.bv, err) < 0))
+        return -1;
+    /* the output bias where the file has one (as llama.cpp's loader takes it) */
+    if (!starcoder2 && !phi2 && !gptoss && gguf_find_tensor(m->g, NAME("attn_output.bias")) &&
+        model_vector(m, NAME("attn_output.bias"), hp->dim, &L->bo, err) < 0)
+        return -1;
+    /* a gated feed-forward's biases (llama.cpp's optional ones) are not computed here:
+     * refused rather than left out */
+    static const char *const ffn_biases[] = {"ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"};
+    for (int i = 0; gated && !model_layer_has_experts(hp, l) && i < 3; i++) {
+        snprintf(name, sizeof name, "blk.%d.%s", l, ffn_biases[i]);
+        if (gguf_find_tensor(m->g, name))
+            return err_set(err, "tensor '%s': biases of a gated feed-forward are not "
+                                "supported", name);
+    }
+    /* GLM-4.5 355B's per-head q/k norms, optional as llama.cpp has them */
+    bool glm4moe_norms = hp->arch == MODEL_ARCH_GLM4MOE &&
+                         (gguf_find_tensor(m->g, NAME("attn_q_norm.weight")) ||
+                          gguf_find_tensor(m->g, NAME("attn_k_norm.weight")));
+    if ((qk_norm || glm4moe_norms) &&
+        (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->extras.q_norm, err) < 0 ||
+         model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->extras.k_norm, err) < 0))
+        return -1;
+    /* in the space of qwen2's biases, which olmoe and olmo2 have not */
+    if ((hp->arch == MODEL_ARCH_OLMOE || hp->arch == MODEL_ARCH_OLMO2) &&
+        (model_vector(m, NAME("attn_q_norm.weight"), q_dim, &L->extras.q_norm_all, err) < 0 ||
+         model_vector(m, NAME("attn_k_norm.weight"), kv_dim, &L->extras.k_norm_all, err) < 0))
+        return -1;
+    if (gptoss && model_load_gptoss(m, L, l, err) < 0)
+        return -1;
+    /* Command-R+'s per-head q/k LayerNorms ((head_dim, n_head) tensors): both or none,
+     * as HF's use_qk_norm; llama.cpp requires them of 64 layers and more */
+    if (hp->arch == MODEL_ARCH_COMMAND_R &&
+        (hp->n_layer >= 64 || gguf_find_tensor(m->g, NAME("attn_q_norm.weight")) ||
+         gguf_find_tensor(m->g, NAME("attn_k_norm.weight"))) &&
+        (model_table(m, NAME("attn_q_norm.weight"), hp->n_head, hp->head_dim,
+                     &L->extras.q_norm_heads, err) < 0 ||
+         model_table(m, NAME("attn_k_norm.weight"), hp->n_head_kv, hp->head_dim,
+                     &L->extras.k_norm_heads, err) < 0))
+        return -1;
+    /* every Linear of Starcoder2 (use_bias, as the published models and llama.cpp's
+     * loader have them) and of Phi-2 has a bias */
+    if ((starcoder2 || phi2) &&
+        (model_vector(m, NAME("attn_output.bias"), hp->dim, &L->bo, err) < 0 ||
+         model_vector(m, NAME("ffn_up.bias"), hp->n_ff, &L->b_up, err) < 0 ||
+         model_vector(m, NAME("ffn_down.bias"), hp->dim, &L->b_down, err) < 0))
+        return -1;
+    if (hp->post_norms &&
+        (model_vector(m, NAME("post_attention_norm.weight"), hp->dim, &L->attn_post_norm,
+                      err) < 0 ||
+         model_vector(m, NAME("post_ffw_norm.weight"), hp->dim, &L->ffn_post_norm, err) < 0))
+        return -1;
+#undef NAME
+    return 0;
+}
+
 static int model_load_tensors(model *m, char err[ERR_MAX])
 {
     const model_hparams *hp = &m->hp;
@@ -1608,11 +1779,9 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     snprintf(key, sizeof key, "%s.attention.key_length_mla", hp->file_arch);
     m->mla_kv_b = hp->arch == MODEL_ARCH_DEEPSEEK2 && gguf_find_key(m->g, key) < 0;
 
-    /* StableLM's, StarCoder2's and Phi-2's LayerNorms have biases, Cohere's none */
-    bool layer_norm = hp->norm == MODEL_NORM_LAYER && hp->arch != MODEL_ARCH_COMMAND_R &&
-                      hp->arch != MODEL_ARCH_COHERE2;
     if (model_vector(m, "output_norm.weight", hp->dim, &m->output_norm, err) < 0 ||
-        (layer_norm && model_vector(m, "output_norm.bias", hp->dim, &m->output_norm_b, err) < 0))
+        (model_norms_have_biases(hp) &&
+         model_vector(m, "output_norm.bias", hp->dim, &m->output_norm_b, err) < 0))
         return -1;
     /* Llama 3.1 and later: each dimension pair's RoPE frequency is divided by its factor,
      * as llama.cpp's rope_factors do; ignored, every position rotated as in another model. */
@@ -1631,143 +1800,10 @@ static int model_load_tensors(model *m, char err[ERR_MAX])
     } else {
         m->output = m->tok_embd;
     }
-
-    bool gptoss = hp->arch == MODEL_ARCH_GPTOSS;
-    bool qwen2 = hp->arch == MODEL_ARCH_QWEN2 || hp->arch == MODEL_ARCH_QWEN2MOE || gptoss;
-    bool qk_norm = hp->arch == MODEL_ARCH_QWEN3 || hp->arch == MODEL_ARCH_QWEN3MOE ||
-                   hp->arch == MODEL_ARCH_GEMMA3 || hp->arch == MODEL_ARCH_EXAONE4 ||
-                   hp->arch == MODEL_ARCH_HUNYUAN_DENSE;
-    bool fused = hp->arch == MODEL_ARCH_PHI3;
-    bool starcoder2 = hp->arch == MODEL_ARCH_STARCODER2;
-    bool gated = hp->ffn_act != MODEL_FFN_GELU_TANH_UNGATED;
-    bool mla = hp->arch == MODEL_ARCH_DEEPSEEK2;
-    int64_t wo_cols = mla ? (int64_t)hp->n_head * hp->mla_v_dim : q_dim;
-    for (int l = 0; l < hp->n_layer; l++) {
-        model_layer *L = &m->layers[l];
-        char name[96];
-#define NAME(s) (snprintf(name, sizeof name, "blk.%d." s, l), name)
-        if ((hp->pre_norms &&
-             (model_vector(m, NAME("attn_norm.weight"), hp->dim, &L->attn_norm, err) < 0 ||
-              /* gpt-oss's and Seed-OSS's converters name the feed-forward's norm after
-               * HF's post_attention_layernorm; a parallel layer has none */
-              (!hp->parallel &&
-               model_vector(m, gptoss || hp->arch == MODEL_ARCH_SEED_OSS ||
-                                       hp->arch == MODEL_ARCH_GLM4MOE
-                                   ? NAME("post_attention_norm.weight")
-                                   : NAME("ffn_norm.weight"),
-                            hp->dim, &L->ffn_norm, err) < 0))) ||
-            (layer_norm &&
-             (model_vector(m, NAME("attn_norm.bias"), hp->dim, &L->attn_norm_b, err) < 0 ||
-              (!hp->parallel &&
-               model_vector(m, NAME("ffn_norm.bias"), hp->dim, &L->ffn_norm_b, err) < 0))) ||
-            model_matrix(m, NAME("attn_output.weight"), hp->dim, wo_cols, &L->wo, err) < 0)
+    for (int l = 0; l < hp->n_layer; l++)
+        if (model_load_layer_matrices(m, &m->layers[l], l, err) < 0 ||
+            model_load_layer_extras(m, &m->layers[l], l, err) < 0)
             return -1;
-        /* StableLM 2 12B: per-head q/k LayerNorms and a parallel residual (no ffn_norm,
-         * which the line above requires), llama.cpp's optional tensors; not computed here */
-        if (hp->arch == MODEL_ARCH_STABLELM && gguf_find_tensor(m->g, NAME("attn_q_norm.weight")))
-            return err_set(err, "tensor '%s': StableLM 2 12B's per-head q/k LayerNorms are not "
-                                "supported", name);
-        bool phi2_qkv = phi2 && gguf_find_tensor(m->g, NAME("attn_qkv.weight"));
-        if (hp->arch == MODEL_ARCH_GLM4 || hp->arch == MODEL_ARCH_CHATGLM) {
-            if (model_load_glm4(m, L, l, err) < 0)
-                return -1;
-        } else if (fused) {
-            ops_matrix qkv, gate_up;
-            if (model_fused(m, NAME("attn_qkv.weight"), q_dim + 2 * kv_dim,
-                            "n_head * head_dim + 2 * n_head_kv * head_dim (q, k, v)", &qkv,
-                            err) < 0 ||
-                model_fused(m, NAME("ffn_up.weight"), 2 * (int64_t)hp->n_ff,
-                            "2 * feed_forward_length (gate, up)", &gate_up, err) < 0 ||
-                model_matrix(m, NAME("ffn_down.weight"), hp->dim, hp->n_ff, &L->w_down, err) < 0)
-                return -1;
-            L->wq = model_rows(&qkv, 0, q_dim);
-            L->wk = model_rows(&qkv, q_dim, kv_dim);
-            L->wv = model_rows(&qkv, q_dim + kv_dim, kv_dim);
-            L->w_gate = model_rows(&gate_up, 0, hp->n_ff);
-            L->w_up = model_rows(&gate_up, hp->n_ff, hp->n_ff);
-        } else if ((mla        ? model_load_mla(m, L, l, err) < 0
-                    : phi2_qkv ? model_load_fused_qkv(m, L, l, true, err) < 0
-                               : model_matrix(m, NAME("attn_q.weight"), q_dim, hp->dim, &L->wq,
-                                              err) < 0 ||
-                                     model_matrix(m, NAME("attn_k.weight"), kv_dim, hp->dim,
-                                                  &L->wk, err) < 0 ||
-                                     model_matrix(m, NAME("attn_v.weight"), kv_dim, hp->dim,
-                                                  &L->wv, err) < 0) ||
-                   (model_layer_has_experts(hp, l) ? model_load_experts(m, L, l, err) < 0
-                                 : (gated && model_matrix(m, NAME("ffn_gate.weight"), hp->n_ff,
-                                                          hp->dim, &L->w_gate, err) < 0) ||
-                                       model_matrix(m, NAME("ffn_up.weight"), hp->n_ff, hp->dim,
-                                                    &L->w_up, err) < 0 ||
-                                       model_matrix(m, NAME("ffn_down.weight"), hp->dim,
-                                                    hp->n_ff, &L->w_down, err) < 0))
-            return -1;
-        /* q/k/v biases: required of qwen2's family, StarCoder2's and Phi-2's; any other
-         * architecture's where the file has them (all three: StableLM 2 1.6B's, InternLM2's,
-         * llama conversions of models with attention_bias), as llama.cpp's loader takes them
-         * for every architecture; GLM-4's and fused attn_qkv's are their loaders' */
-        bool own_qkv = phi2_qkv || mla || hp->arch == MODEL_ARCH_GLM4 ||
-                       hp->arch == MODEL_ARCH_CHATGLM;
-        bool biases = qwen2 || starcoder2 || (phi2 && !phi2_qkv) ||
-                      (!own_qkv && (gguf_find_tensor(m->g, NAME("attn_q.bias")) ||
-                                    gguf_find_tensor(m->g, NAME("attn_k.bias")) ||
-                                    gguf_find_tensor(m->g, NAME("attn_v.bias"))));
-        if (biases &&
-            (model_vector(m, NAME("attn_q.bias"), q_dim, &L->extras.bq, err) < 0 ||
-             model_vector(m, NAME("attn_k.bias"), kv_dim, &L->extras.bk, err) < 0 ||
-             model_vector(m, NAME("attn_v.bias"), kv_dim, &L->extras.bv, err) < 0))
-            return -1;
-        /* the output bias where the file has one (as llama.cpp's loader takes it) */
-        if (!starcoder2 && !phi2 && !gptoss && gguf_find_tensor(m->g, NAME("attn_output.bias")) &&
-            model_vector(m, NAME("attn_output.bias"), hp->dim, &L->bo, err) < 0)
-            return -1;
-        /* a gated feed-forward's biases (llama.cpp's optional ones) are not computed here:
-         * refused rather than left out */
-        static const char *const ffn_biases[] = {"ffn_gate.bias", "ffn_up.bias", "ffn_down.bias"};
-        for (int i = 0; gated && !model_layer_has_experts(hp, l) && i < 3; i++) {
-            snprintf(name, sizeof name, "blk.%d.%s", l, ffn_biases[i]);
-            if (gguf_find_tensor(m->g, name))
-                return err_set(err, "tensor '%s': biases of a gated feed-forward are not "
-                                    "supported", name);
-        }
-        /* GLM-4.5 355B's per-head q/k norms, optional as llama.cpp has them */
-        bool glm4moe_norms = hp->arch == MODEL_ARCH_GLM4MOE &&
-                             (gguf_find_tensor(m->g, NAME("attn_q_norm.weight")) ||
-                              gguf_find_tensor(m->g, NAME("attn_k_norm.weight")));
-        if ((qk_norm || glm4moe_norms) &&
-            (model_vector(m, NAME("attn_q_norm.weight"), hp->head_dim, &L->extras.q_norm, err) < 0 ||
-             model_vector(m, NAME("attn_k_norm.weight"), hp->head_dim, &L->extras.k_norm, err) < 0))
-            return -1;
-        /* in the space of qwen2's biases, which olmoe and olmo2 have not */
-        if ((hp->arch == MODEL_ARCH_OLMOE || hp->arch == MODEL_ARCH_OLMO2) &&
-            (model_vector(m, NAME("attn_q_norm.weight"), q_dim, &L->extras.q_norm_all, err) < 0 ||
-             model_vector(m, NAME("attn_k_norm.weight"), kv_dim, &L->extras.k_norm_all, err) < 0))
-            return -1;
-        if (gptoss && model_load_gptoss(m, L, l, err) < 0)
-            return -1;
-        /* Command-R+'s per-head q/k LayerNorms ((head_dim, n_head) tensors): both or none,
-         * as HF's use_qk_norm; llama.cpp requires them of 64 layers and more */
-        if (hp->arch == MODEL_ARCH_COMMAND_R &&
-            (hp->n_layer >= 64 || gguf_find_tensor(m->g, NAME("attn_q_norm.weight")) ||
-             gguf_find_tensor(m->g, NAME("attn_k_norm.weight"))) &&
-            (model_table(m, NAME("attn_q_norm.weight"), hp->n_head, hp->head_dim,
-                         &L->extras.q_norm_heads, err) < 0 ||
-             model_table(m, NAME("attn_k_norm.weight"), hp->n_head_kv, hp->head_dim,
-                         &L->extras.k_norm_heads, err) < 0))
-            return -1;
-        /* every Linear of Starcoder2 (use_bias, as the published models and llama.cpp's
-         * loader have them) and of Phi-2 has a bias */
-        if ((starcoder2 || phi2) &&
-            (model_vector(m, NAME("attn_output.bias"), hp->dim, &L->bo, err) < 0 ||
-             model_vector(m, NAME("ffn_up.bias"), hp->n_ff, &L->b_up, err) < 0 ||
-             model_vector(m, NAME("ffn_down.bias"), hp->dim, &L->b_down, err) < 0))
-            return -1;
-        if (hp->post_norms &&
-            (model_vector(m, NAME("post_attention_norm.weight"), hp->dim, &L->attn_post_norm,
-                          err) < 0 ||
-             model_vector(m, NAME("post_ffw_norm.weight"), hp->dim, &L->ffn_post_norm, err) < 0))
-            return -1;
-#undef NAME
-    }
     return 0;
 }
 
