@@ -211,180 +211,192 @@ static void print_spec_counts(const char *source, uint64_t steps, uint64_t propo
            steps ? (double)accepted / (double)steps : 0.0);
 }
 
+/* The daemon's status as one JSON object on a line. */
+static void print_status_json(const llms_daemon_status *st)
+{
+    fputs("{\"version\":", stdout);
+    json_str(st->version);
+    fputs(",\"model_path\":", stdout);
+    json_str(st->model_path);
+    fputs(",\"model_arch\":", stdout);
+    json_str(st->model_arch);
+    printf(",\"model_bytes\":%" PRIu64 ",\"n_ctx\":%" PRIu32 ",\"threads\":%" PRIu32
+           ",\"uptime_ms\":%" PRIu64 ",\"n_connections\":%" PRIu32 ",\"n_apps\":%" PRIu32
+           ",\"n_contexts\":%" PRIu32 ",\"n_resident_contexts\":%" PRIu32
+           ",\"kv_bytes_resident\":%" PRIu64 ",\"queued_requests\":%" PRIu32
+           ",\"running_requests\":%" PRIu32 ",\"rss_bytes\":%" PRIu64,
+           st->model_bytes, st->n_ctx, st->threads, st->uptime_ms, st->n_connections,
+           st->n_apps, st->n_contexts, st->n_resident_contexts, st->kv_bytes_resident,
+           st->queued_requests, st->running_requests, st->rss_bytes);
+    printf(",\"damaged_contexts\":%" PRIu32, st->damaged_contexts);
+    printf(",\"prompt_cache\":{\"hits\":%" PRIu64 ",\"misses\":%" PRIu64
+           ",\"reused_tokens\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"entries\":%" PRIu32 "}",
+           st->prompt_cache_hits, st->prompt_cache_misses, st->prompt_cache_reused_tokens,
+           st->prompt_cache_bytes, st->prompt_cache_entries);
+    printf(",\"kv_budget_bytes\":%" PRIu64 ",\"swap_bytes_written\":%" PRIu64
+           ",\"swap_bytes_read\":%" PRIu64 ",\"swap_chunks_written\":%" PRIu64
+           ",\"swap_chunks_read\":%" PRIu64 ",\"swap_chunks_recomputed\":%" PRIu64
+           ",\"swap_faults\":%" PRIu64 ",\"swap_bad_blobs\":%" PRIu64
+           ",\"swap_stale_blobs\":%" PRIu64
+           ",\"switch_ins\":%" PRIu64 ",\"switch_in_mean_ms\":%.3f"
+           ",\"swap_writes_pending\":%" PRIu32 ",\"swap_write_waits\":%" PRIu64
+           ",\"swap_write_wait_ms\":%.3f,\"swap_write_failures\":%" PRIu64
+           ",\"kv_f16_bytes\":%" PRIu64 ",\"kv_int8_bytes\":%" PRIu64
+           ",\"kv_int4_bytes\":%" PRIu64 ",\"kv_int2_bytes\":%" PRIu64
+           ",\"kv_spare_bytes\":%" PRIu64,
+           st->kv_budget_bytes, st->swap_bytes_written, st->swap_bytes_read,
+           st->swap_chunks_written, st->swap_chunks_read, st->swap_chunks_recomputed,
+           st->swap_faults, st->swap_bad_blobs, st->swap_stale_blobs, st->switch_ins,
+           st->switch_in_mean_ms, st->swap_writes_pending, st->swap_write_waits,
+           st->swap_write_wait_ms,
+           st->swap_write_failures, st->kv_f16_bytes, st->kv_int8_bytes, st->kv_int4_bytes,
+           st->kv_int2_bytes, st->kv_spare_bytes);
+    printf(",\"window_slides\":%" PRIu64 ",\"window_dropped_tokens\":%" PRIu64
+           ",\"swap_chunks_promoted\":%" PRIu64,
+           st->window_slides, st->window_dropped_tokens, st->swap_chunks_promoted);
+    printf(",\"kv_calibration\":{\"calibrated_models\":%" PRIu32
+           ",\"forwards_left\":%" PRIu32 ",\"measured\":%" PRIu64 "}",
+           st->kv_calibrated_models, st->kv_calib_forwards_left, st->kv_calibrations);
+    printf(",\"kb_ivf\":{\"searches\":%" PRIu64 ",\"hinted\":%" PRIu64
+           ",\"lists_scanned\":%" PRIu64 ",\"lists_skipped\":%" PRIu64
+           ",\"hot_bytes\":%" PRIu64 ",\"trained\":%" PRIu64 ",\"train_pending\":%"
+           PRIu32 "}",
+           st->kb_ivf_searches, st->kb_ivf_hinted_searches, st->kb_ivf_lists_scanned,
+           st->kb_ivf_lists_skipped, st->kb_ivf_hot_bytes, st->kb_ivf_trained,
+           st->kb_ivf_train_pending);
+    printf(",\"qkv_verify_misses\":%" PRIu64, st->qkv_verify_misses);
+    printf(",\"kb_disk\":{\"passages\":%" PRIu64 ",\"text_bytes\":%" PRIu64,
+           st->kb_passages, st->kb_text_bytes);
+    if (st->kb_disk_measured)
+        printf(",\"disk_bytes\":%" PRIu64, st->kb_disk_bytes);
+    fputs("}", stdout);
+    fputs(",\"cost\":", stdout);
+    json_cost(&st->cost);
+    fputs(",\"sched\":{\"mode\":", stdout);
+    json_str(st->sched_mode);
+    printf(",\"step_tokens\":%" PRIu32 ",\"active_sequences\":%" PRIu32
+           ",\"queued_generate\":%" PRIu32 ",\"queued_embed\":%" PRIu32
+           ",\"queued_rerank\":%" PRIu32 ",\"steps\":%" PRIu64
+           ",\"step_mean_ms\":%.3f,\"rows_per_step\":%.2f,\"longest_stall_ms\":%.3f}",
+           st->sched_step_tokens, st->sched_active_sequences, st->sched_queued_generate,
+           st->sched_queued_embed, st->sched_queued_rerank, st->sched_steps,
+           st->sched_step_mean_ms, st->sched_rows_per_step, st->sched_longest_stall_ms);
+    printf(",\"models_resident_bytes\":%" PRIu64 ",\"models_scratch_bytes\":%" PRIu64,
+           st->models_resident_bytes, st->models_scratch_bytes);
+    printf(",\"graph_speculation\":{\"started\":%" PRIu64 ",\"hits\":%" PRIu64
+           ",\"rollbacks\":%" PRIu64 ",\"saved_ms\":%.3f}",
+           st->graph_speculations, st->graph_spec_hits, st->graph_spec_rollbacks,
+           st->graph_spec_saved_ms);
+    printf(",\"speculative_decoding\":{");
+    json_spec_counts("lookup", st->spec_lookup_steps, st->spec_lookup_proposed,
+                     st->spec_lookup_accepted);
+    fputs(",", stdout);
+    json_spec_counts("draft", st->spec_draft_steps, st->spec_draft_proposed,
+                     st->spec_draft_accepted);
+    fputs("}}\n", stdout);
+}
+
+/* The daemon's status as aligned lines of text. */
+static void print_status_text(const llms_daemon_status *st)
+{
+    printf("version           %s\nmodel             %s (%s, %" PRIu64 " bytes)\n"
+           "n_ctx             %" PRIu32 "\nthreads           %" PRIu32
+           "\nuptime            %.1f s\nconnections       %" PRIu32
+           "\napps bound        %" PRIu32 "\ncontexts          %" PRIu32
+           " (%" PRIu32 " resident, %" PRIu64 " KV bytes)\n"
+           "requests          %" PRIu32 " running, %" PRIu32 " queued\n"
+           "rss               %" PRIu64 " bytes\n",
+           st->version, st->model_path, st->model_arch, st->model_bytes, st->n_ctx, st->threads,
+           (double)st->uptime_ms / 1000.0, st->n_connections, st->n_apps, st->n_contexts,
+           st->n_resident_contexts, st->kv_bytes_resident, st->running_requests,
+           st->queued_requests, st->rss_bytes);
+    if (st->damaged_contexts)
+        printf("damaged contexts  %" PRIu32 " (their calls fail; `llmsctl contexts` lists "
+               "them, the log says why)\n", st->damaged_contexts);
+    printf("prompt cache      %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64
+           " tokens not evaluated again; %" PRIu32 " prompts kept in %" PRIu64 " bytes\n",
+           st->prompt_cache_hits, st->prompt_cache_misses, st->prompt_cache_reused_tokens,
+           st->prompt_cache_entries, st->prompt_cache_bytes);
+    printf("kv resident       f16 %" PRIu64 ", int8 %" PRIu64 ", int4 %" PRIu64
+           ", int2 %" PRIu64 " bytes; %" PRIu64 " spare\n",
+           st->kv_f16_bytes, st->kv_int8_bytes, st->kv_int4_bytes, st->kv_int2_bytes,
+           st->kv_spare_bytes);
+    printf("kv budget         %" PRIu64 " bytes%s (resident + spare)\n"
+           "swap              %" PRIu64 " chunks (%" PRIu64 " bytes) written, %" PRIu64
+           " read (%" PRIu64 " bytes), %" PRIu64 " recomputed, %" PRIu64 " promoted\n"
+           "swap-out thread   %" PRIu32 " batches pending; waited for %" PRIu64
+           " times (%.1f ms); %" PRIu64 " failed\n"
+           "switch-ins        %" PRIu64 ", mean %.2f ms; %" PRIu64 " faults, %" PRIu64
+           " bad blobs, %" PRIu64 " stale\n",
+           st->kv_budget_bytes, st->kv_budget_bytes ? "" : " (no cap)", st->swap_chunks_written,
+           st->swap_bytes_written, st->swap_chunks_read, st->swap_bytes_read,
+           st->swap_chunks_recomputed, st->swap_chunks_promoted, st->swap_writes_pending,
+           st->swap_write_waits, st->swap_write_wait_ms, st->swap_write_failures, st->switch_ins,
+           st->switch_in_mean_ms, st->swap_faults, st->swap_bad_blobs, st->swap_stale_blobs);
+    printf("window slides     %" PRIu64 " (%" PRIu64 " tokens out of view)\n",
+           st->window_slides, st->window_dropped_tokens);
+    printf("kv calibration    %" PRIu32 " models calibrated; %" PRIu32
+           " forwards waiting for idle time; %" PRIu64 " measured\n",
+           st->kv_calibrated_models, st->kv_calib_forwards_left, st->kv_calibrations);
+    printf("kb ivf            %" PRIu64 " searches (%" PRIu64 " hinted), %" PRIu64
+           " lists scanned, %" PRIu64 " skipped; hot copies %" PRIu64 " bytes; %" PRIu64
+           " trained, %s\n",
+           st->kb_ivf_searches, st->kb_ivf_hinted_searches, st->kb_ivf_lists_scanned,
+           st->kb_ivf_lists_skipped, st->kb_ivf_hot_bytes, st->kb_ivf_trained,
+           st->kb_ivf_train_pending ? "training waits for idle time" : "none waiting");
+    printf("qkv verify misses %" PRIu64 " (nodes under a query's key that were not its)\n",
+           st->qkv_verify_misses);
+    printf("kb on disk        %" PRIu64 " passages, %" PRIu64 " bytes of text, ",
+           st->kb_passages, st->kb_text_bytes);
+    if (st->kb_disk_measured)
+        printf("%" PRIu64 " bytes on disk (%.0f a passage, %.2fx the text)\n",
+               st->kb_disk_bytes,
+               st->kb_passages ? (double)st->kb_disk_bytes / (double)st->kb_passages : 0.0,
+               st->kb_text_bytes ? (double)st->kb_disk_bytes / (double)st->kb_text_bytes
+                                : 0.0);
+    else
+        printf("bytes on disk measured in idle time, not yet\n");
+    printf("scheduler         %s, %" PRIu32 " rows per step; %" PRIu32
+           " sequences active; queued: %" PRIu32 " generate, %" PRIu32 " embed, %" PRIu32
+           " rerank\n"
+           "steps             %" PRIu64 " (last minute: mean %.2f ms, %.1f rows, "
+           "longest stall %.1f ms)\n",
+           st->sched_mode, st->sched_step_tokens, st->sched_active_sequences,
+           st->sched_queued_generate, st->sched_queued_embed, st->sched_queued_rerank,
+           st->sched_steps, st->sched_step_mean_ms, st->sched_rows_per_step,
+           st->sched_longest_stall_ms);
+    const llms_cost_models *m = &st->cost;
+    text_cost_lines("cost models", m);
+    printf("                  corrections: recompute x%.2f, read cold x%.2f, warm x%.2f; "
+           "when both run: recompute x%.2f, read x%.2f\n"
+           "observed          %" PRIu64 " switch-ins; observed / predicted (median, last): "
+           "recompute %.2f, %.2f; read %.2f, %.2f; whole %.2f, %.2f\n",
+           m->rec_fix, m->cold_fix, m->warm_fix, m->rec_contention, m->read_contention,
+           m->observed, m->rec_ratio_median, m->rec_ratio_last, m->read_ratio_median,
+           m->read_ratio_last, m->total_ratio_median, m->total_ratio_last);
+    printf("models            %" PRIu64 " bytes of weights in memory, %" PRIu64
+           " bytes of runner scratch (llmsctl models: each)\n",
+           st->models_resident_bytes, st->models_scratch_bytes);
+    printf("graph speculation %" PRIu64 " started, %" PRIu64 " hits, %" PRIu64
+           " rollbacks; kept work ran %.1f ms ahead\n",
+           st->graph_speculations, st->graph_spec_hits, st->graph_spec_rollbacks,
+           st->graph_spec_saved_ms);
+    print_spec_counts("lookup", st->spec_lookup_steps, st->spec_lookup_proposed,
+                      st->spec_lookup_accepted);
+    print_spec_counts("draft", st->spec_draft_steps, st->spec_draft_proposed,
+                      st->spec_draft_accepted);
+}
+
 static enum llms_status cmd_status(llms_conn *c)
 {
     llms_daemon_status st;
     enum llms_status s = llms_status_get(c, &st);
     if (s != LLMS_OK)
         return s;
-    if (json) {
-        fputs("{\"version\":", stdout);
-        json_str(st.version);
-        fputs(",\"model_path\":", stdout);
-        json_str(st.model_path);
-        fputs(",\"model_arch\":", stdout);
-        json_str(st.model_arch);
-        printf(",\"model_bytes\":%" PRIu64 ",\"n_ctx\":%" PRIu32 ",\"threads\":%" PRIu32
-               ",\"uptime_ms\":%" PRIu64 ",\"n_connections\":%" PRIu32 ",\"n_apps\":%" PRIu32
-               ",\"n_contexts\":%" PRIu32 ",\"n_resident_contexts\":%" PRIu32
-               ",\"kv_bytes_resident\":%" PRIu64 ",\"queued_requests\":%" PRIu32
-               ",\"running_requests\":%" PRIu32 ",\"rss_bytes\":%" PRIu64,
-               st.model_bytes, st.n_ctx, st.threads, st.uptime_ms, st.n_connections,
-               st.n_apps, st.n_contexts, st.n_resident_contexts, st.kv_bytes_resident,
-               st.queued_requests, st.running_requests, st.rss_bytes);
-        printf(",\"damaged_contexts\":%" PRIu32, st.damaged_contexts);
-        printf(",\"prompt_cache\":{\"hits\":%" PRIu64 ",\"misses\":%" PRIu64
-               ",\"reused_tokens\":%" PRIu64 ",\"bytes\":%" PRIu64 ",\"entries\":%" PRIu32 "}",
-               st.prompt_cache_hits, st.prompt_cache_misses, st.prompt_cache_reused_tokens,
-               st.prompt_cache_bytes, st.prompt_cache_entries);
-        printf(",\"kv_budget_bytes\":%" PRIu64 ",\"swap_bytes_written\":%" PRIu64
-               ",\"swap_bytes_read\":%" PRIu64 ",\"swap_chunks_written\":%" PRIu64
-               ",\"swap_chunks_read\":%" PRIu64 ",\"swap_chunks_recomputed\":%" PRIu64
-               ",\"swap_faults\":%" PRIu64 ",\"swap_bad_blobs\":%" PRIu64
-               ",\"swap_stale_blobs\":%" PRIu64
-               ",\"switch_ins\":%" PRIu64 ",\"switch_in_mean_ms\":%.3f"
-               ",\"swap_writes_pending\":%" PRIu32 ",\"swap_write_waits\":%" PRIu64
-               ",\"swap_write_wait_ms\":%.3f,\"swap_write_failures\":%" PRIu64
-               ",\"kv_f16_bytes\":%" PRIu64 ",\"kv_int8_bytes\":%" PRIu64
-               ",\"kv_int4_bytes\":%" PRIu64 ",\"kv_int2_bytes\":%" PRIu64
-               ",\"kv_spare_bytes\":%" PRIu64,
-               st.kv_budget_bytes, st.swap_bytes_written, st.swap_bytes_read,
-               st.swap_chunks_written, st.swap_chunks_read, st.swap_chunks_recomputed,
-               st.swap_faults, st.swap_bad_blobs, st.swap_stale_blobs, st.switch_ins,
-               st.switch_in_mean_ms, st.swap_writes_pending, st.swap_write_waits, st.swap_write_wait_ms,
-               st.swap_write_failures, st.kv_f16_bytes, st.kv_int8_bytes, st.kv_int4_bytes,
-               st.kv_int2_bytes, st.kv_spare_bytes);
-        printf(",\"window_slides\":%" PRIu64 ",\"window_dropped_tokens\":%" PRIu64
-               ",\"swap_chunks_promoted\":%" PRIu64,
-               st.window_slides, st.window_dropped_tokens, st.swap_chunks_promoted);
-        printf(",\"kv_calibration\":{\"calibrated_models\":%" PRIu32
-               ",\"forwards_left\":%" PRIu32 ",\"measured\":%" PRIu64 "}",
-               st.kv_calibrated_models, st.kv_calib_forwards_left, st.kv_calibrations);
-        printf(",\"kb_ivf\":{\"searches\":%" PRIu64 ",\"hinted\":%" PRIu64
-               ",\"lists_scanned\":%" PRIu64 ",\"lists_skipped\":%" PRIu64
-               ",\"hot_bytes\":%" PRIu64 ",\"trained\":%" PRIu64 ",\"train_pending\":%"
-               PRIu32 "}",
-               st.kb_ivf_searches, st.kb_ivf_hinted_searches, st.kb_ivf_lists_scanned,
-               st.kb_ivf_lists_skipped, st.kb_ivf_hot_bytes, st.kb_ivf_trained,
-               st.kb_ivf_train_pending);
-        printf(",\"qkv_verify_misses\":%" PRIu64, st.qkv_verify_misses);
-        printf(",\"kb_disk\":{\"passages\":%" PRIu64 ",\"text_bytes\":%" PRIu64,
-               st.kb_passages, st.kb_text_bytes);
-        if (st.kb_disk_measured)
-            printf(",\"disk_bytes\":%" PRIu64, st.kb_disk_bytes);
-        fputs("}", stdout);
-        fputs(",\"cost\":", stdout);
-        json_cost(&st.cost);
-        fputs(",\"sched\":{\"mode\":", stdout);
-        json_str(st.sched_mode);
-        printf(",\"step_tokens\":%" PRIu32 ",\"active_sequences\":%" PRIu32
-               ",\"queued_generate\":%" PRIu32 ",\"queued_embed\":%" PRIu32
-               ",\"queued_rerank\":%" PRIu32 ",\"steps\":%" PRIu64
-               ",\"step_mean_ms\":%.3f,\"rows_per_step\":%.2f,\"longest_stall_ms\":%.3f}",
-               st.sched_step_tokens, st.sched_active_sequences, st.sched_queued_generate,
-               st.sched_queued_embed, st.sched_queued_rerank, st.sched_steps,
-               st.sched_step_mean_ms, st.sched_rows_per_step, st.sched_longest_stall_ms);
-        printf(",\"models_resident_bytes\":%" PRIu64 ",\"models_scratch_bytes\":%" PRIu64,
-               st.models_resident_bytes, st.models_scratch_bytes);
-        printf(",\"graph_speculation\":{\"started\":%" PRIu64 ",\"hits\":%" PRIu64
-               ",\"rollbacks\":%" PRIu64 ",\"saved_ms\":%.3f}",
-               st.graph_speculations, st.graph_spec_hits, st.graph_spec_rollbacks,
-               st.graph_spec_saved_ms);
-        printf(",\"speculative_decoding\":{");
-        json_spec_counts("lookup", st.spec_lookup_steps, st.spec_lookup_proposed,
-                         st.spec_lookup_accepted);
-        fputs(",", stdout);
-        json_spec_counts("draft", st.spec_draft_steps, st.spec_draft_proposed,
-                         st.spec_draft_accepted);
-        fputs("}}\n", stdout);
-    } else {
-        printf("version           %s\nmodel             %s (%s, %" PRIu64 " bytes)\n"
-               "n_ctx             %" PRIu32 "\nthreads           %" PRIu32
-               "\nuptime            %.1f s\nconnections       %" PRIu32
-               "\napps bound        %" PRIu32 "\ncontexts          %" PRIu32
-               " (%" PRIu32 " resident, %" PRIu64 " KV bytes)\n"
-               "requests          %" PRIu32 " running, %" PRIu32 " queued\n"
-               "rss               %" PRIu64 " bytes\n",
-               st.version, st.model_path, st.model_arch, st.model_bytes, st.n_ctx, st.threads,
-               (double)st.uptime_ms / 1000.0, st.n_connections, st.n_apps, st.n_contexts,
-               st.n_resident_contexts, st.kv_bytes_resident, st.running_requests,
-               st.queued_requests, st.rss_bytes);
-        if (st.damaged_contexts)
-            printf("damaged contexts  %" PRIu32 " (their calls fail; `llmsctl contexts` lists "
-                   "them, the log says why)\n", st.damaged_contexts);
-        printf("prompt cache      %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64
-               " tokens not evaluated again; %" PRIu32 " prompts kept in %" PRIu64 " bytes\n",
-               st.prompt_cache_hits, st.prompt_cache_misses, st.prompt_cache_reused_tokens,
-               st.prompt_cache_entries, st.prompt_cache_bytes);
-        printf("kv resident       f16 %" PRIu64 ", int8 %" PRIu64 ", int4 %" PRIu64
-               ", int2 %" PRIu64 " bytes; %" PRIu64 " spare\n",
-               st.kv_f16_bytes, st.kv_int8_bytes, st.kv_int4_bytes, st.kv_int2_bytes,
-               st.kv_spare_bytes);
-        printf("kv budget         %" PRIu64 " bytes%s (resident + spare)\n"
-               "swap              %" PRIu64 " chunks (%" PRIu64 " bytes) written, %" PRIu64
-               " read (%" PRIu64 " bytes), %" PRIu64 " recomputed, %" PRIu64 " promoted\n"
-               "swap-out thread   %" PRIu32 " batches pending; waited for %" PRIu64
-               " times (%.1f ms); %" PRIu64 " failed\n"
-               "switch-ins        %" PRIu64 ", mean %.2f ms; %" PRIu64 " faults, %" PRIu64
-               " bad blobs, %" PRIu64 " stale\n",
-               st.kv_budget_bytes, st.kv_budget_bytes ? "" : " (no cap)", st.swap_chunks_written,
-               st.swap_bytes_written, st.swap_chunks_read, st.swap_bytes_read,
-               st.swap_chunks_recomputed, st.swap_chunks_promoted, st.swap_writes_pending,
-               st.swap_write_waits, st.swap_write_wait_ms, st.swap_write_failures, st.switch_ins,
-               st.switch_in_mean_ms, st.swap_faults, st.swap_bad_blobs, st.swap_stale_blobs);
-        printf("window slides     %" PRIu64 " (%" PRIu64 " tokens out of view)\n",
-               st.window_slides, st.window_dropped_tokens);
-        printf("kv calibration    %" PRIu32 " models calibrated; %" PRIu32
-               " forwards waiting for idle time; %" PRIu64 " measured\n",
-               st.kv_calibrated_models, st.kv_calib_forwards_left, st.kv_calibrations);
-        printf("kb ivf            %" PRIu64 " searches (%" PRIu64 " hinted), %" PRIu64
-               " lists scanned, %" PRIu64 " skipped; hot copies %" PRIu64 " bytes; %" PRIu64
-               " trained, %s\n",
-               st.kb_ivf_searches, st.kb_ivf_hinted_searches, st.kb_ivf_lists_scanned,
-               st.kb_ivf_lists_skipped, st.kb_ivf_hot_bytes, st.kb_ivf_trained,
-               st.kb_ivf_train_pending ? "training waits for idle time" : "none waiting");
-        printf("qkv verify misses %" PRIu64 " (nodes under a query's key that were not its)\n",
-               st.qkv_verify_misses);
-        printf("kb on disk        %" PRIu64 " passages, %" PRIu64 " bytes of text, ",
-               st.kb_passages, st.kb_text_bytes);
-        if (st.kb_disk_measured)
-            printf("%" PRIu64 " bytes on disk (%.0f a passage, %.2fx the text)\n",
-                   st.kb_disk_bytes,
-                   st.kb_passages ? (double)st.kb_disk_bytes / (double)st.kb_passages : 0.0,
-                   st.kb_text_bytes ? (double)st.kb_disk_bytes / (double)st.kb_text_bytes
-                                    : 0.0);
-        else
-            printf("bytes on disk measured in idle time, not yet\n");
-        printf("scheduler         %s, %" PRIu32 " rows per step; %" PRIu32
-               " sequences active; queued: %" PRIu32 " generate, %" PRIu32 " embed, %" PRIu32
-               " rerank\n"
-               "steps             %" PRIu64 " (last minute: mean %.2f ms, %.1f rows, "
-               "longest stall %.1f ms)\n",
-               st.sched_mode, st.sched_step_tokens, st.sched_active_sequences,
-               st.sched_queued_generate, st.sched_queued_embed, st.sched_queued_rerank,
-               st.sched_steps, st.sched_step_mean_ms, st.sched_rows_per_step,
-               st.sched_longest_stall_ms);
-        const llms_cost_models *m = &st.cost;
-        text_cost_lines("cost models", m);
-        printf("                  corrections: recompute x%.2f, read cold x%.2f, warm x%.2f; "
-               "when both run: recompute x%.2f, read x%.2f\n"
-               "observed          %" PRIu64 " switch-ins; observed / predicted (median, last): "
-               "recompute %.2f, %.2f; read %.2f, %.2f; whole %.2f, %.2f\n",
-               m->rec_fix, m->cold_fix, m->warm_fix, m->rec_contention, m->read_contention,
-               m->observed, m->rec_ratio_median, m->rec_ratio_last, m->read_ratio_median,
-               m->read_ratio_last, m->total_ratio_median, m->total_ratio_last);
-        printf("models            %" PRIu64 " bytes of weights in memory, %" PRIu64
-               " bytes of runner scratch (llmsctl models: each)\n",
-               st.models_resident_bytes, st.models_scratch_bytes);
-        printf("graph speculation %" PRIu64 " started, %" PRIu64 " hits, %" PRIu64
-               " rollbacks; kept work ran %.1f ms ahead\n",
-               st.graph_speculations, st.graph_spec_hits, st.graph_spec_rollbacks,
-               st.graph_spec_saved_ms);
-        print_spec_counts("lookup", st.spec_lookup_steps, st.spec_lookup_proposed,
-                          st.spec_lookup_accepted);
-        print_spec_counts("draft", st.spec_draft_steps, st.spec_draft_proposed,
-                          st.spec_draft_accepted);
-    }
+    if (json)
+        print_status_json(&st);
+    else
+        print_status_text(&st);
     llms_daemon_status_free(&st);
     return LLMS_OK;
 }
