@@ -1102,6 +1102,163 @@ static void hreq_start(hreq *hr)
         hreq_free(hr);
 }
 
+/* Whether route r is read with GET (and HEAD). */
+static bool route_is_get(enum route r)
+{
+    return r == R_MODELS || r == R_HEALTH || r == R_ROOT || r == R_METRICS ||
+           r == R_OLLAMA_VERSION || r == R_OLLAMA_TAGS || r == R_OLLAMA_PS ||
+           r == R_LLAMACPP_PROPS || r == R_LLAMACPP_LORA_ADAPTERS || r == R_LLAMACPP_SLOTS ||
+           r == R_RESPONSE || r == R_RESPONSE_ITEMS;
+}
+
+/* Whether route r takes method (HEAD is GET without the body, which httpwire leaves
+ * out, as health checks send it). */
+static bool route_takes(enum route r, const char *method)
+{
+    bool post = strcmp(method, "POST") == 0, del = strcmp(method, "DELETE") == 0;
+    if (!route_is_get(r))
+        return post || (r == R_OLLAMA_MANAGE && del);
+    /* a GET route that a POST changes in llama.cpp's server: llmsd refuses the change;
+     * a stored response is read or deleted */
+    return !strcmp(method, "GET") || !strcmp(method, "HEAD") ||
+           ((r == R_LLAMACPP_PROPS || r == R_LLAMACPP_LORA_ADAPTERS) && post) ||
+           (r == R_RESPONSE && del);
+}
+
+/* The methods route r takes as Allow lists them and as a 405 says them. Ollama's model
+ * management is refused whichever method it comes with (DELETE for /api/delete, POST
+ * for the others); so is a change of llama.cpp's /props (POST). */
+static void route_methods(enum route r, const char **allow, const char **said)
+{
+    if (r == R_LLAMACPP_PROPS || r == R_LLAMACPP_LORA_ADAPTERS)
+        *allow = "GET, HEAD, POST", *said = "GET, HEAD or POST";
+    else if (r == R_RESPONSE)
+        *allow = "GET, HEAD, DELETE", *said = "GET, HEAD or DELETE";
+    else if (route_is_get(r))
+        *allow = "GET, HEAD", *said = "GET or HEAD";
+    else if (r == R_OLLAMA_MANAGE)
+        *allow = "POST, DELETE", *said = "POST or DELETE";
+    else
+        *allow = *said = "POST";
+}
+
+/* Answers what needs nobody's identity: an unknown route, a CORS preflight, a method
+ * the route does not take, the daemon shutting down, the root and the health check.
+ * true when answered. */
+static bool head_answer_anonymous(http *h, httpwire_conn *wc, enum route r, const char *uri,
+                                  size_t plen, const char *method)
+{
+    const char *allow, *said;
+    route_methods(r, &allow, &said);
+    if (r == R_OTHER) {
+        send_error(h, wc, r, 404, "invalid_request_error", "unknown_route", "no route %.*s",
+                   (int)(plen > 200 ? 200 : plen), uri);
+        return true;
+    }
+    if (strcmp(method, "OPTIONS") == 0) {
+        /* A CORS preflight, which carries no Authorization: it asks whether the request
+         * may follow, with the headers it names (the SDKs' own among them). */
+        const char *asked = httpwire_header(wc, "Access-Control-Request-Headers");
+        httpwire_add_header(wc, "Allow", allow);
+        httpwire_add_header(wc, "Access-Control-Allow-Methods", allow);
+        if (asked)
+            httpwire_add_header(wc, "Access-Control-Allow-Headers", asked);
+        httpwire_reply(wc, 200, NULL, 0);
+        http_count_status(h, r, 200);
+        return true;
+    }
+    if (!route_takes(r, method)) {
+        httpwire_add_header(wc, "Allow", allow);
+        send_error(h, wc, r, 405, "invalid_request_error", "method_not_allowed",
+                   "%s takes %s", route_path[r], said);
+        return true;
+    }
+    if (h->shutting || h->worker_done) {
+        if (r == R_HEALTH) {
+            json_object *o = json_object_new_object();
+            json_object_object_add(o, "status", json_object_new_string("shutting_down"));
+            http_send_json(h, wc, r, 503, o);
+        } else {
+            send_error(h, wc, r, 503, "server_error", "unavailable",
+                       "the daemon is shutting down");
+        }
+        return true;
+    }
+    if (r == R_ROOT) {
+        static const char running[] = "llmsd is running\n";
+        httpwire_add_header(wc, "Content-Type", "text/plain; charset=utf-8");
+        httpwire_reply(wc, 200, running, sizeof running - 1);
+        http_count_status(h, r, 200);
+        return true;
+    }
+    if (r == R_HEALTH) {
+        json_object *o = json_object_new_object();
+        json_object_object_add(o, "status", json_object_new_string("ok"));
+        http_send_json(h, wc, r, 200, o);
+        return true;
+    }
+    return false;
+}
+
+/* Answers an identified request whose route reads no body: the model list, stored
+ * responses, ollama's and llama.cpp's informations and refusals, the metrics. true when
+ * answered. */
+static bool head_answer_bodiless(http *h, httpwire_conn *wc, enum route r, const char *uri,
+                                 size_t plen, const char *method, const session *ss)
+{
+    bool post = strcmp(method, "POST") == 0;
+    switch (r) {
+    case R_MODELS: {
+        size_t base = strlen(route_path[R_MODELS]); /* "/v1/models", then "/{id}" or none */
+        openai_send_models(h, wc, plen > base ? uri + base + 1 : NULL,
+                           plen > base ? plen - base - 1 : 0);
+        return true;
+    }
+    case R_RESPONSE:
+    case R_RESPONSE_ITEMS:
+        responses_send_stored(h, wc, r, uri, plen, strcmp(method, "DELETE") == 0, ss->uid);
+        return true;
+    case R_OLLAMA_VERSION:
+    case R_OLLAMA_TAGS:
+    case R_OLLAMA_PS:
+        ollama_send_info(h, wc, r);
+        return true;
+    case R_OLLAMA_MANAGE:
+        ollama_refuse_manage(h, wc);
+        return true;
+    case R_LLAMACPP_PROPS:
+        if (post)
+            llamacpp_refuse_props_change(h, wc);
+        else
+            llamacpp_send_props(h, wc);
+        return true;
+    case R_LLAMACPP_LORA_ADAPTERS:
+        if (post)
+            llamacpp_refuse_lora_change(h, wc);
+        else
+            llamacpp_send_lora_adapters(h, wc);
+        return true;
+    case R_LLAMACPP_SLOTS:
+    case R_LLAMACPP_SLOTS_ACTION:
+        llamacpp_refuse_slots(h, wc, r);
+        return true;
+    case R_METRICS: {
+        if (!ss->admin) {
+            send_error(h, wc, r, 403, "permission_error", "permission_denied",
+                       "/metrics needs an admin: uid 0 or group %s on the socket, an admin "
+                       "token on TCP", h->cfg->admin_group);
+            return true;
+        }
+        hreq *hr = hreq_new(h, wc, r, ss, NULL, NULL, NULL);
+        if (hr)
+            hreq_start(hr);
+        return true;
+    }
+    default:
+        return false;
+    }
+}
+
 /*
  * httpwire's head hook: everything that needs no body is decided here, before a byte
  * of it is read (route, method, shutdown, identity, the uid's connection count, the
@@ -1116,21 +1273,6 @@ static bool gw_head(void *arg, httpwire_conn *wc)
     const char *uri = httpwire_target(wc);
     const char *method = httpwire_method(wc);
     enum route r = route_of(uri, &plen);
-    bool get = r == R_MODELS || r == R_HEALTH || r == R_ROOT || r == R_METRICS ||
-               r == R_OLLAMA_VERSION || r == R_OLLAMA_TAGS || r == R_OLLAMA_PS ||
-               r == R_LLAMACPP_PROPS || r == R_LLAMACPP_LORA_ADAPTERS || r == R_LLAMACPP_SLOTS ||
-               r == R_RESPONSE || r == R_RESPONSE_ITEMS;
-    /* a GET route that a POST changes in llama.cpp's server: llmsd refuses the change */
-    bool get_post = r == R_LLAMACPP_PROPS || r == R_LLAMACPP_LORA_ADAPTERS;
-    /* a stored response is read or deleted */
-    bool get_delete = r == R_RESPONSE;
-    /* ollama's model management is refused whichever method it comes with (DELETE for
-     * /api/delete, POST for the others); so is a change of llama.cpp's /props (POST) */
-    const char *methods = get_post              ? "GET, HEAD, POST"
-                          : get_delete          ? "GET, HEAD, DELETE"
-                          : get                 ? "GET, HEAD"
-                          : r == R_OLLAMA_MANAGE ? "POST, DELETE"
-                                                 : "POST";
     char msg[ERR_MAX + 128];
     /* Browser clients on other origins may read every answer, as OpenAI's API lets them:
      * that opens nothing to a page without a token, as no cookie or other credential a
@@ -1138,62 +1280,8 @@ static bool gw_head(void *arg, httpwire_conn *wc)
      * browser's reach). */
     if (httpwire_header(wc, "Origin"))
         httpwire_add_header(wc, "Access-Control-Allow-Origin", "*");
-    if (r == R_OTHER) {
-        send_error(h, wc, r, 404, "invalid_request_error", "unknown_route", "no route %.*s",
-                   (int)(plen > 200 ? 200 : plen), uri);
+    if (head_answer_anonymous(h, wc, r, uri, plen, method))
         return false;
-    }
-    if (strcmp(method, "OPTIONS") == 0) {
-        /* A CORS preflight, which carries no Authorization: it asks whether the request
-         * may follow, with the headers it names (the SDKs' own among them). */
-        const char *asked = httpwire_header(wc, "Access-Control-Request-Headers");
-        httpwire_add_header(wc, "Allow", methods);
-        httpwire_add_header(wc, "Access-Control-Allow-Methods", methods);
-        if (asked)
-            httpwire_add_header(wc, "Access-Control-Allow-Headers", asked);
-        httpwire_reply(wc, 200, NULL, 0);
-        http_count_status(h, r, 200);
-        return false;
-    }
-    /* HEAD is GET without the body (httpwire leaves it out), as health checks send it. */
-    bool post = strcmp(method, "POST") == 0, del = strcmp(method, "DELETE") == 0;
-    if (get ? strcmp(method, "GET") && strcmp(method, "HEAD") && !(get_post && post) &&
-                  !(get_delete && del)
-            : !post && (r != R_OLLAMA_MANAGE || !del)) {
-        httpwire_add_header(wc, "Allow", methods);
-        send_error(h, wc, r, 405, "invalid_request_error", "method_not_allowed",
-                   "%s takes %s", route_path[r],
-                   get_post              ? "GET, HEAD or POST"
-                   : get_delete          ? "GET, HEAD or DELETE"
-                   : get                 ? "GET or HEAD"
-                   : r == R_OLLAMA_MANAGE ? "POST or DELETE"
-                                          : "POST");
-        return false;
-    }
-    if (h->shutting || h->worker_done) {
-        if (r == R_HEALTH) {
-            json_object *o = json_object_new_object();
-            json_object_object_add(o, "status", json_object_new_string("shutting_down"));
-            http_send_json(h, wc, r, 503, o);
-        } else {
-            send_error(h, wc, r, 503, "server_error", "unavailable",
-                       "the daemon is shutting down");
-        }
-        return false;
-    }
-    if (r == R_ROOT) {
-        static const char running[] = "llmsd is running\n";
-        httpwire_add_header(wc, "Content-Type", "text/plain; charset=utf-8");
-        httpwire_reply(wc, 200, running, sizeof running - 1);
-        http_count_status(h, r, 200);
-        return false;
-    }
-    if (r == R_HEALTH) {
-        json_object *o = json_object_new_object();
-        json_object_object_add(o, "status", json_object_new_string("ok"));
-        http_send_json(h, wc, r, 200, o);
-        return false;
-    }
     session ss = {0};
     int status = identify(h, wc, httpwire_fd(wc), &ss, msg, sizeof msg);
     if (status) {
@@ -1212,54 +1300,8 @@ static bool gw_head(void *arg, httpwire_conn *wc)
         send_error(h, wc, r, 500, "server_error", "internal_error", "out of memory");
         return false;
     }
-    if (r == R_MODELS) {
-        size_t base = strlen(route_path[R_MODELS]); /* "/v1/models", then "/{id}" or none */
-        openai_send_models(h, wc, plen > base ? uri + base + 1 : NULL,
-                           plen > base ? plen - base - 1 : 0);
+    if (head_answer_bodiless(h, wc, r, uri, plen, method, &ss))
         return false;
-    }
-    if (r == R_RESPONSE || r == R_RESPONSE_ITEMS) {
-        responses_send_stored(h, wc, r, uri, plen, del, ss.uid);
-        return false;
-    }
-    if (r == R_OLLAMA_VERSION || r == R_OLLAMA_TAGS || r == R_OLLAMA_PS) {
-        ollama_send_info(h, wc, r);
-        return false;
-    }
-    if (r == R_OLLAMA_MANAGE) {
-        ollama_refuse_manage(h, wc);
-        return false;
-    }
-    if (r == R_LLAMACPP_PROPS) {
-        if (post)
-            llamacpp_refuse_props_change(h, wc);
-        else
-            llamacpp_send_props(h, wc);
-        return false;
-    }
-    if (r == R_LLAMACPP_LORA_ADAPTERS) {
-        if (post)
-            llamacpp_refuse_lora_change(h, wc);
-        else
-            llamacpp_send_lora_adapters(h, wc);
-        return false;
-    }
-    if (r == R_LLAMACPP_SLOTS || r == R_LLAMACPP_SLOTS_ACTION) {
-        llamacpp_refuse_slots(h, wc, r);
-        return false;
-    }
-    if (r == R_METRICS) {
-        if (!ss.admin) {
-            send_error(h, wc, r, 403, "permission_error", "permission_denied",
-                       "/metrics needs an admin: uid 0 or group %s on the socket, an admin "
-                       "token on TCP", h->cfg->admin_group);
-            return false;
-        }
-        hreq *hr = hreq_new(h, wc, r, &ss, NULL, NULL, NULL);
-        if (hr)
-            hreq_start(hr);
-        return false;
-    }
     size_t n = httpwire_content_length(wc);
     if (n > (size_t)h->cfg->http_max_body_bytes) {
         send_error(h, wc, r, 413, "invalid_request_error", "body_too_large",
