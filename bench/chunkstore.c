@@ -13,7 +13,11 @@
  *     commit), one chunk a call, then through store_chunk_write_batch, --batch chunks
  *     (default 64) a call: MB/s of raw bytes and ms per chunk;
  *   - read back through store_chunk_open / read_section, cold (page cache dropped with
- *     store_chunk_drop_cache, and checked with mincore) and warm.
+ *     store_chunk_drop_cache, and checked with mincore) and warm;
+ *   - and, apart from chunks: a RagQuery's cache transaction of one 6 MiB QKV node (512
+ *     tokens of the documentation model's KV), ms on the committing thread with the
+ *     store's checkpoint thread and with SQLite's checkpoint in the commit
+ *     (bench_cache_commit).
  * Prints one JSON object per measurement (the median of --runs). The state directory
  * (default build/bench-chunkstore, on the same disk as the build) is removed at the end.
  */
@@ -30,7 +34,10 @@
 
 #include "bench/bench.h"
 #include "storage/chunks.h"
+#include "storage/kb.h"
 #include "storage/store.h"
+/* store_exec_sql, to put SQLite's own checkpoint back for the baseline */
+#include "storage/store_internal.h"
 
 #define MAX_RUNS 15
 
@@ -309,6 +316,70 @@ static int bench_store(const options *o, uint8_t *const *sections)
     return rc;
 }
 
+static void remove_state(const char *dir);
+
+/* Cache transactions of one QKV node each (store_cache_begin, store_qkv_put,
+ * store_cache_commit), as a RagQuery's rag_populate makes them on the scheduler thread:
+ * ms on the committing thread with the store's checkpoint thread, and with SQLite's own
+ * checkpoint in the commit that passes 1000 pages of log (its default, put back with
+ * PRAGMA wal_autocheckpoint), 200 ms apart. A fresh store each time, the two
+ * alternating. */
+static int bench_cache_commit(const options *o, size_t node_bytes)
+{
+    /* a generation's time between two answers' transactions */
+    enum { TRANSACTIONS = 8, GAP_MS = 200 };
+    uint8_t *node = malloc(node_bytes);
+    double own[MAX_RUNS * TRANSACTIONS], inline_ms[MAX_RUNS * TRANSACTIONS];
+    int32_t prefix[512];
+    char err[ERR_MAX];
+    int rc = -1, n = 0;
+    if (!node)
+        return -1;
+    fill_int8_like(node, node_bytes);
+    for (int i = 0; i < 512; i++)
+        prefix[i] = i;
+    for (int run = 0; run < o->n_runs; run++)
+        for (int variant = 0; variant < 2; variant++) {
+            remove_state(o->dir);
+            store *s = store_open(o->dir, err);
+            if (!s || (variant == 1 && store_exec_sql(s, "PRAGMA wal_autocheckpoint = 1000",
+                                                      err))) {
+                fprintf(stderr, "chunkstore: %s\n", err);
+                store_close(s);
+                goto out;
+            }
+            for (int t = 0; t < TRANSACTIONS; t++) {
+                uint8_t key[STORE_QKV_KEY_BYTES] = {(uint8_t)t, (uint8_t)run};
+                store_owner owner = {1000, "bench"};
+                double t0 = bench_now_s();
+                if (store_cache_begin(s, err) ||
+                    store_qkv_put(s, key, NULL, &owner, prefix, 512, 512, node, node_bytes,
+                                  false, 1, err) ||
+                    store_cache_commit(s, err)) {
+                    fprintf(stderr, "chunkstore: %s\n", err);
+                    store_close(s);
+                    goto out;
+                }
+                (variant == 0 ? own : inline_ms)[n + t] = 1e3 * (bench_now_s() - t0);
+                usleep(GAP_MS * 1000);
+            }
+            store_close(s);
+            if (variant == 1)
+                n += TRANSACTIONS;
+        }
+    double own_med = bench_median(own, n), inline_med = bench_median(inline_ms, n);
+    printf("{\"bench\":\"cache_commit\",\"node_bytes\":%zu,\"transactions\":%d,\"gap_ms\":%d,"
+           "\"ms_checkpoint_thread\":%.2f,\"ms_checkpoint_in_commit\":%.2f,"
+           "\"p90_ms_checkpoint_thread\":%.2f,\"p90_ms_checkpoint_in_commit\":%.2f,"
+           "\"speedup\":%.2f}\n",
+           node_bytes, n, GAP_MS, own_med, inline_med, bench_percentile(own, n, 0.9),
+           bench_percentile(inline_ms, n, 0.9), inline_med / own_med);
+    rc = 0;
+out:
+    free(node);
+    return rc;
+}
+
 /* Removes the state directory the benchmark made (its database files and chunks/). */
 static void remove_state(const char *dir)
 {
@@ -340,6 +411,10 @@ int main(int argc, char **argv)
     for (int i = 0; i < 3; i++)
         bench_level(&o, sections, levels[i]);
     int rc = bench_store(&o, sections);
+    remove_state(o.dir);
+    /* 512 tokens of the documentation model's KV (12 KiB a token) */
+    if (rc == 0)
+        rc = bench_cache_commit(&o, (size_t)512 * 12 * 1024);
     remove_state(o.dir);
     for (int i = 0; i < o.n_sections; i++)
         free(sections[i]);

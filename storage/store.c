@@ -371,6 +371,7 @@ struct store {
     size_t blob_cap;
     int32_t *tokens;   /* scratch for decoding tokens: (tokens_cap) ids */
     size_t tokens_cap;
+    store_checkpointer *ckpt;
 };
 
 /* Creates dir and its missing parents with mode 0750. */
@@ -498,6 +499,16 @@ static int configure(store *s, char *err)
     return 0;
 }
 
+/* Copies the whole log into the file and cuts it to nothing, the checkpoint thread held
+ * off meanwhile. */
+static int checkpoint_truncate(store *s, char *err)
+{
+    store_checkpointer_hold(s->ckpt);
+    int rc = exec(s, "PRAGMA wal_checkpoint(TRUNCATE)", "checkpoint", err);
+    store_checkpointer_release(s->ckpt);
+    return rc;
+}
+
 /* Gives the pages of deleted rows back to the file system once they pass
  * STORE_VACUUM_BYTES, and cuts the log back: a client that creates and deletes large
  * contexts must not grow the state directory for good. */
@@ -510,7 +521,7 @@ static int store_reclaim(store *s, char *err)
     if (free_pages * page_size < STORE_VACUUM_BYTES)
         return 0;
     return exec(s, "PRAGMA incremental_vacuum", "vacuum", err) ||
-                   exec(s, "PRAGMA wal_checkpoint(TRUNCATE)", "checkpoint", err)
+                   checkpoint_truncate(s, err)
                ? -1
                : 0;
 }
@@ -532,7 +543,7 @@ int store_vacuum_step(store *s, int max_pages, bool *done, char err[ERR_MAX])
     }
     /* the file itself shrinks when the log's moves are checkpointed */
     *done = true;
-    return exec(s, "PRAGMA wal_checkpoint(TRUNCATE)", "checkpoint", err);
+    return checkpoint_truncate(s, err);
 }
 
 store *store_open(const char *dir, char err[ERR_MAX])
@@ -612,6 +623,10 @@ store *store_open(const char *dir, char err[ERR_MAX])
             return NULL;
         }
     }
+    if (!(s->ckpt = store_checkpointer_start(s->db, s->path, err))) {
+        store_close(s);
+        return NULL;
+    }
     return s;
 }
 
@@ -619,6 +634,7 @@ void store_close(store *s)
 {
     if (!s)
         return;
+    store_checkpointer_stop(s->ckpt, s->db);
     store_chunks_free(s->chunks);
     for (int i = 0; i < ST_COUNT; i++)
         sqlite3_finalize(s->st[i]);
@@ -630,6 +646,11 @@ void store_close(store *s)
     free(s->path);
     free(s->dir);
     free(s);
+}
+
+store_checkpointer *store_checkpointer_of(store *s)
+{
+    return s->ckpt;
 }
 
 const char *store_dir(const store *s)

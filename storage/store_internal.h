@@ -64,6 +64,28 @@ int store_exec_sql(store *s, const char *sql, char *err);
  * error code. */
 int store_sql_functions(sqlite3 *db);
 
+/* checkpointer.c: the write-ahead log checkpointed on a thread of its own, through a
+ * connection of its own, woken by db's commits past 1000 pages of log (instead of
+ * SQLite's automatic checkpoint inside such a commit). NULL with err. */
+typedef struct store_checkpointer store_checkpointer;
+store_checkpointer *store_checkpointer_start(sqlite3 *db, const char *path, char *err);
+
+/* Stops the thread (a checkpoint it runs finishes first) and closes its connection;
+ * db's commits checkpoint as SQLite's default does again. */
+void store_checkpointer_stop(store_checkpointer *c, sqlite3 *db);
+
+/* Holds off the thread's checkpoints (and waits for one running) until released: a
+ * TRUNCATE checkpoint of the store's connection, run beside one, would find the log in
+ * use and leave it whole. */
+void store_checkpointer_hold(store_checkpointer *c);
+void store_checkpointer_release(store_checkpointer *c);
+
+/* Checkpoints the thread has run (tests). */
+uint64_t store_checkpointer_done(store_checkpointer *c);
+
+/* The store's checkpointer (NULL: none). */
+store_checkpointer *store_checkpointer_of(store *s);
+
 /* chunks.c's per-store state (its prepared statements, compressor and buffers). */
 typedef struct store_chunks store_chunks;
 

@@ -585,6 +585,33 @@ static void deletes_give_space_back(void)
               after);
 }
 
+/* A commit that takes the write-ahead log past 1000 pages leaves its checkpoint (the
+ * pages copied into the database file, and its fsync) to the store's own thread: the
+ * file holds the rows soon after, though the committing connection checkpointed
+ * nothing. */
+static void checkpoints_run_on_their_own_thread(void)
+{
+    char err[ERR_MAX] = "";
+    const char *dir = fresh_dir("checkpoint");
+    store *s = store_open(dir, err);
+    CHECK_MSG(s != NULL, "%s", err);
+    store_checkpointer *c = store_checkpointer_of(s);
+    CHECK(c != NULL);
+    long before = file_size(dir, "llmsd.db");
+    uint64_t done = store_checkpointer_done(c);
+    /* 6 MB, as a RagQuery's QKV node of 512 tokens of the documentation model */
+    CHECK(store_exec_sql(s, "CREATE TABLE big (b BLOB);"
+                            "INSERT INTO big VALUES (randomblob(6 << 20))", err) == 0);
+    long wal = file_size(dir, "llmsd.db-wal");
+    for (int i = 0; i < 500 && store_checkpointer_done(c) == done; i++)
+        usleep(10 * 1000);
+    long after = file_size(dir, "llmsd.db");
+    CHECK_MSG(store_checkpointer_done(c) > done, "no checkpoint in 5 s");
+    CHECK_MSG(wal > 6 << 20, "the log has %ld bytes after the commit", wal);
+    CHECK_MSG(after > before + (6 << 20), "the file grew from %ld to %ld bytes", before, after);
+    store_close(s);
+}
+
 /* A disk that fills up right after a commit: once armed, the next commit to the
  * write-ahead log (sqlite's WAL hook on every connection the store opens) fills it, and
  * from then on every write sqlite makes fails with ENOSPC. Disarmed, the hooks pass
@@ -998,6 +1025,7 @@ int main(void)
     RUN(newer_schema_is_refused);
     RUN(state_dir_is_locked);
     RUN(deletes_give_space_back);
+    RUN(checkpoints_run_on_their_own_thread);
     RUN(delete_on_a_full_disk);
     RUN(deleting_a_context_deletes_its_turns);
     RUN(many_turns);
