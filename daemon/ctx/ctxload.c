@@ -402,41 +402,78 @@ out:
     return rc;
 }
 
-/* One attempt: 0 done, 1 a read failed (its chunk lost its stored copy: plan again),
- * -1 / CTX_E_BUDGET failure. obs gets the plan's predictions and the parts' times
- * (obs->total_ms stays < 0 when nothing was missing). */
-static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
-                     ctx_cost_obs *obs, char err[ERR_MAX])
+/* One attempt's plan: the missing chunks it reads from the store and those it
+ * recomputes, with what it predicts. */
+typedef struct load_plan {
+    load_read *reads;   /* (n_reads) the chunks read, in index order */
+    int n_reads;
+    cand *cands;        /* (n_cands) the stored chunks that could be read */
+    int n_cands;
+    bool *to_rec;       /* (upto + 1) whether chunk i is recomputed */
+    int *rec;           /* (n_rec) the chunks recomputed, ascending */
+    int n_rec;
+    kv_chunk **made;    /* (n_rec) their new chunks, until they take their slots */
+    int64_t rec_tokens; /* tokens of the chunks that cannot be read */
+    int last_rec;       /* the last of those (-1: none) */
+    prediction pred;
+} load_plan;
+
+/* Drops the resident chunks of [0, upto] that are short of the history (their last
+ * tokens were never evaluated), to be rebuilt like missing ones; returns how many
+ * chunks are missing then. */
+static int drop_short_and_count_missing(ctxmgr *cm, ctx_entry *c, int upto)
 {
     int n_miss = 0;
     for (int i = 0; i <= upto; i++) {
         kv_chunk *k = c->seq.chunks[i];
         if (k && k->n_tokens != ctx_chunk_tokens(c->n_tokens, i)) {
-            /* Resident but short of the history (its last tokens were never
-             * evaluated): rebuilt like a missing one. */
             kv_chunk_free(cm->pool, k);
             c->seq.chunks[i] = NULL;
             c->map[i].dirty = true;
         }
         n_miss += c->seq.chunks[i] == NULL;
     }
-    if (n_miss == 0)
-        return 0;
-    load_read *reads = calloc((size_t)n_miss, sizeof *reads);
-    cand *d = calloc((size_t)n_miss, sizeof *d);
-    int *rec = calloc((size_t)n_miss, sizeof *rec);
-    kv_chunk **made = calloc((size_t)n_miss, sizeof *made);
-    bool *to_rec = calloc((size_t)upto + 1, sizeof *to_rec);
-    int rc = -1, n_d = 0, n_reads = 0, n_rec = 0, last_rec = -1;
-    int64_t rec_tokens = 0;
-    if (!reads || !d || !rec || !made || !to_rec) {
-        err_set(err, "out of memory");
-        goto out;
+    return n_miss;
+}
+
+static int plan_alloc(load_plan *p, int n_miss, int upto, char err[ERR_MAX])
+{
+    *p = (load_plan){.last_rec = -1};
+    p->reads = calloc((size_t)n_miss, sizeof *p->reads);
+    p->cands = calloc((size_t)n_miss, sizeof *p->cands);
+    p->rec = calloc((size_t)n_miss, sizeof *p->rec);
+    p->made = calloc((size_t)n_miss, sizeof *p->made);
+    p->to_rec = calloc((size_t)upto + 1, sizeof *p->to_rec);
+    if (!p->reads || !p->cands || !p->rec || !p->made || !p->to_rec)
+        return err_set(err, "out of memory");
+    return 0;
+}
+
+/* Frees the plan with the chunks and files it still holds. */
+static void plan_free(ctxmgr *cm, load_plan *p)
+{
+    for (int j = 0; p->reads && j < p->n_reads; j++) {
+        kv_chunk_free(cm->pool, p->reads[j].kv);
+        store_chunk_close(p->reads[j].rd);
     }
-    /* Which stored chunks can be read at all. */
+    for (int j = 0; p->made && j < p->n_rec; j++)
+        kv_chunk_free(cm->pool, p->made[j]);
+    free(p->reads);
+    free(p->cands);
+    free(p->rec);
+    free(p->made);
+    free(p->to_rec);
+}
+
+/* Opens the stored copies of the missing chunks of [0, upto] that can be read (their
+ * files, no data), each a candidate priced by the read lines; the others must be
+ * recomputed. */
+static void plan_open_stored(ctxmgr *cm, ctx_entry *c, int upto, load_plan *p)
+{
     for (int i = 0; i <= upto; i++) {
         if (c->seq.chunks[i])
             continue;
+        load_read *x = &p->reads[p->n_cands];
         store_chunk_reader *rd = NULL;
         if (c->map[i].disk_precision >= 0 && cm->policy.switch_mode != CTX_SWITCH_RECOMPUTE) {
             char e2[ERR_MAX];
@@ -444,77 +481,100 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
             rd = store_chunk_open_deferred(cm->st, c->id, i, &found, e2);
             /* A mixed blob's table, unknown after a restart, is read now: the chunk is
              * allocated with its layers' sizes before the reader starts. */
-            if (rd && ctx_disk_layers(cm, c, i, rd, reads[n_d].layers)) {
+            if (rd && ctx_disk_layers(cm, c, i, rd, x->layers)) {
                 store_chunk_close(rd);
                 rd = NULL;
             }
             if (!rd)
                 forget_blob(cm, c, i, false);
         }
-        if (rd) {
-            double bytes = (double)ctx_disk_data_bytes(cm, c, i);
-            double cached = store_chunk_reader_cached(rd);
-            cand *x = &d[n_d];
-            reads[n_d].index = i;
-            reads[n_d].rd = rd;
-            x->index = i;
-            x->tokens = ctx_chunk_tokens(c->n_tokens, i);
-            /* unknown (-1): taken as cold, as the disk is the slower case */
-            double share = cached > 0 ? cached : 0;
-            const ctx_cost *k = &cm->cost;
-            x->warm = (io_work){share, share * bytes};
-            x->cold = (io_work){1 - share, (1 - share) * bytes};
-            x->read_ms = (k->warm_f * x->warm.chunks + k->warm_e * x->warm.bytes) *
-                             ctx_cost_fix(cm, CTX_MODEL_WARM) +
-                         (k->io_f * x->cold.chunks + k->io_e * x->cold.bytes) *
-                             ctx_cost_fix(cm, CTX_MODEL_COLD);
-            n_d++;
-        } else {
-            to_rec[i] = true;
-            rec_tokens += ctx_chunk_tokens(c->n_tokens, i);
-            last_rec = i;
+        if (!rd) {
+            p->to_rec[i] = true;
+            p->rec_tokens += ctx_chunk_tokens(c->n_tokens, i);
+            p->last_rec = i;
+            continue;
         }
+        double bytes = (double)ctx_disk_data_bytes(cm, c, i);
+        double cached = store_chunk_reader_cached(rd);
+        /* unknown (-1): taken as cold, as the disk is the slower case */
+        double share = cached > 0 ? cached : 0;
+        const ctx_cost *k = &cm->cost;
+        cand *d = &p->cands[p->n_cands++];
+        x->index = i;
+        x->rd = rd;
+        d->index = i;
+        d->tokens = ctx_chunk_tokens(c->n_tokens, i);
+        d->warm = (io_work){share, share * bytes};
+        d->cold = (io_work){1 - share, (1 - share) * bytes};
+        d->read_ms = (k->warm_f * d->warm.chunks + k->warm_e * d->warm.bytes) *
+                         ctx_cost_fix(cm, CTX_MODEL_WARM) +
+                     (k->io_f * d->cold.chunks + k->io_e * d->cold.bytes) *
+                         ctx_cost_fix(cm, CTX_MODEL_COLD);
     }
-    qsort(d, (size_t)n_d, sizeof *d, cand_dearest_first);
-    prediction pred = {.total_ms = 0};
-    int n_extra = plan_split(cm, c, d, n_d, rec_tokens, last_rec,
-                             cm->policy.switch_mode == CTX_SWITCH_PLAN, &pred);
+}
+
+/* Chooses the candidates to recompute as well (plan_split, dearest per token first),
+ * closes their files, and lists every chunk to recompute. */
+static void plan_choose(const ctxmgr *cm, const ctx_entry *c, int upto, load_plan *p)
+{
+    qsort(p->cands, (size_t)p->n_cands, sizeof *p->cands, cand_dearest_first);
+    int n_extra = plan_split(cm, c, p->cands, p->n_cands, p->rec_tokens, p->last_rec,
+                             cm->policy.switch_mode == CTX_SWITCH_PLAN, &p->pred);
     for (int j = 0; j < n_extra; j++)
-        to_rec[d[j].index] = true;
-    /* reads[] is in index order; keep those not chosen for recompute. */
-    for (int j = 0; j < n_d; j++) {
-        if (to_rec[reads[j].index])
-            store_chunk_close(reads[j].rd);
+        p->to_rec[p->cands[j].index] = true;
+    /* reads[0, n_cands) is in index order; those recomputed leave it */
+    for (int j = 0; j < p->n_cands; j++) {
+        if (p->to_rec[p->reads[j].index])
+            store_chunk_close(p->reads[j].rd);
         else
-            reads[n_reads++] = reads[j];
+            p->reads[p->n_reads++] = p->reads[j];
     }
     for (int i = 0; i <= upto; i++)
-        if (to_rec[i])
-            rec[n_rec++] = i;
-    size_t need = (size_t)n_rec * kv_chunk_data_bytes(cm->shape, KV_F16);
-    for (int j = 0; j < n_reads; j++)
-        need += ctx_disk_data_bytes(cm, c, reads[j].index);
-    rc = ctx_claim(cm, need, err);
-    if (rc)
-        goto out;
-    rc = -1;
-    /* What the plan predicts starts here: making room (reclaim, writes) is not its. */
-    double t_load = clock_mono_ms();
-    for (int j = 0; j < n_reads; j++) {
-        int i = reads[j].index;
-        kv_chunk *k = kv_chunk_new_layers(cm->pool, reads[j].layers, err);
+        if (p->to_rec[i])
+            p->rec[p->n_rec++] = i;
+}
+
+/* Memory the plan's chunks take once loaded: recomputed ones in f16, read ones at their
+ * stored precisions. */
+static size_t plan_bytes(const ctxmgr *cm, const ctx_entry *c, const load_plan *p)
+{
+    size_t need = (size_t)p->n_rec * kv_chunk_data_bytes(cm->shape, KV_F16);
+    for (int j = 0; j < p->n_reads; j++)
+        need += ctx_disk_data_bytes(cm, c, p->reads[j].index);
+    return need;
+}
+
+/* Allocates the chunks to read, at their stored layers' precisions, with the history's
+ * token ids and positions (which their blobs must hold). */
+static int plan_alloc_read_chunks(ctxmgr *cm, const ctx_entry *c, load_plan *p,
+                                  char err[ERR_MAX])
+{
+    for (int j = 0; j < p->n_reads; j++) {
+        load_read *x = &p->reads[j];
+        kv_chunk *k = kv_chunk_new_layers(cm->pool, x->layers, err);
         if (!k)
-            goto out;
-        k->n_tokens = ctx_chunk_tokens(c->n_tokens, i);
+            return -1;
+        k->n_tokens = ctx_chunk_tokens(c->n_tokens, x->index);
         for (int e = 0; e < k->n_tokens; e++) {
-            k->positions[e] = i * KV_CHUNK_TOKENS + e;
+            k->positions[e] = x->index * KV_CHUNK_TOKENS + e;
             k->tokens[e] = c->tokens[k->positions[e]];
         }
-        reads[j].kv = k;
-        reads[j].tokens = c->tokens + i * KV_CHUNK_TOKENS;
+        x->kv = k;
+        x->tokens = c->tokens + x->index * KV_CHUNK_TOKENS;
     }
-    reader rdr = {.reads = reads, .n = n_reads, .shape = cm->shape};
-    while (n_rec > 0 && rdr.n_needed < n_reads && reads[rdr.n_needed].index < rec[n_rec - 1])
+    return 0;
+}
+
+/* Reads and recomputes, at once on a reader thread (or the reads first, shared among
+ * threads, under the sequential policy or when nothing is recomputed); obs gets the two
+ * parts' times. Returns recompute's result. */
+static int plan_run(ctxmgr *cm, ctx_entry *c, load_plan *p, ctx_cost_obs *obs,
+                    char err[ERR_MAX])
+{
+    int n_rec = p->n_rec, n_reads = p->n_reads;
+    reader rdr = {.reads = p->reads, .n = n_reads, .shape = cm->shape};
+    while (n_rec > 0 && rdr.n_needed < n_reads &&
+           p->reads[rdr.n_needed].index < p->rec[n_rec - 1])
         rdr.n_needed++;
     bool threaded = n_reads > 0 && n_rec > 0 && !cm->policy.sequential;
     pthread_t th;
@@ -532,72 +592,116 @@ static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
         read_shared(&rdr);
         rdr.ms = clock_mono_ms() - t0;
     }
-    reader *hook = threaded ? &rdr : NULL;
     double t_rec = clock_mono_ms();
-    int rrc = n_rec ? recompute(cm, c, rec, n_rec, reads, n_reads, hook, made, err) : 0;
+    int rc = n_rec ? recompute(cm, c, p->rec, n_rec, p->reads, n_reads,
+                               threaded ? &rdr : NULL, p->made, err)
+                   : 0;
     t_rec = clock_mono_ms() - t_rec;
     if (threaded) {
         pthread_join(th, NULL);
         pthread_mutex_destroy(&rdr.mu);
         pthread_cond_destroy(&rdr.cv);
     }
-    memcpy(obs->fitted, pred.fitted, sizeof obs->fitted);
     obs->rec_ms = n_rec ? t_rec - rdr.wait_ms : -1;
     obs->read_ms = n_reads ? rdr.ms : -1;
-    obs->rec_predicted_ms = pred.rec_ms;
-    obs->read_predicted_ms = pred.read_ms;
-    obs->total_predicted_ms = pred.total_ms;
-    st->predicted_ms = pred.total_ms;
-    st->rec_predicted_ms = n_rec ? pred.rec_ms : 0;
-    st->read_predicted_ms = n_reads ? pred.read_ms : 0;
-    st->rec_ms = n_rec ? obs->rec_ms : 0;
-    st->read_ms = n_reads ? obs->read_ms : 0;
-    bool bad_before_last = false;
-    int n_bad = 0;
-    for (int j = 0; j < n_reads; j++) {
-        int i = reads[j].index;
-        st->bytes_read += store_chunk_reader_bytes_read(reads[j].rd);
-        if (reads[j].failed) {
-            forget_blob(cm, c, i, reads[j].stale);
-            kv_chunk_free(cm->pool, reads[j].kv);
+    return rc;
+}
+
+/* The plan's predictions beside the measured times, for ctx_cost_observe and the
+ * caller's statistics. */
+static void plan_report(const load_plan *p, ctx_cost_obs *obs, ctx_load_stats *st)
+{
+    memcpy(obs->fitted, p->pred.fitted, sizeof obs->fitted);
+    obs->rec_predicted_ms = p->pred.rec_ms;
+    obs->read_predicted_ms = p->pred.read_ms;
+    obs->total_predicted_ms = p->pred.total_ms;
+    st->predicted_ms = p->pred.total_ms;
+    st->rec_predicted_ms = p->n_rec ? p->pred.rec_ms : 0;
+    st->read_predicted_ms = p->n_reads ? p->pred.read_ms : 0;
+    st->rec_ms = p->n_rec ? obs->rec_ms : 0;
+    st->read_ms = p->n_reads ? obs->read_ms : 0;
+}
+
+/* The chunks read take their slots; one whose read failed loses its stored copy.
+ * Returns how many failed; *bad_before_last: one of them came before the last chunk
+ * recomputed, which attended to it. */
+static int adopt_reads(ctxmgr *cm, ctx_entry *c, load_plan *p, ctx_load_stats *st,
+                       bool *bad_before_last)
+{
+    int n_bad = 0, last = p->n_rec > 0 ? p->rec[p->n_rec - 1] : -1;
+    *bad_before_last = false;
+    for (int j = 0; j < p->n_reads; j++) {
+        load_read *x = &p->reads[j];
+        st->bytes_read += store_chunk_reader_bytes_read(x->rd);
+        if (x->failed) {
+            forget_blob(cm, c, x->index, x->stale);
+            kv_chunk_free(cm->pool, x->kv);
             n_bad++;
-            bad_before_last |= n_rec > 0 && i < rec[n_rec - 1];
+            *bad_before_last |= x->index < last;
         } else {
-            c->seq.chunks[i] = reads[j].kv;
+            c->seq.chunks[x->index] = x->kv;
             st->chunks_read++;
         }
-        reads[j].kv = NULL;
+        x->kv = NULL;
     }
-    if (rrc || bad_before_last) {
-        /* Recomputed chunks that attended to a failed read are wrong: dropped. */
-        for (int j = 0; j < n_rec; j++)
-            kv_chunk_free(cm->pool, made[j]);
-        rc = rrc ? rrc : 1;
-        goto out;
-    }
-    for (int j = 0; j < n_rec; j++) {
-        /* A chunk the store holds compressed is used at that precision, so that the
-         * context's KV does not depend on whether it was read or recomputed. A mixed
-         * blob's table is known: read when its file was opened. */
+    return n_bad;
+}
+
+/* The recomputed chunks take their slots. One the store holds compressed is used at
+ * that precision, so that the context's KV does not depend on whether it was read or
+ * recomputed (a mixed blob's table is known: read when its file was opened). */
+static void adopt_recomputed(ctxmgr *cm, ctx_entry *c, load_plan *p, ctx_load_stats *st,
+                             char err[ERR_MAX])
+{
+    for (int j = 0; j < p->n_rec; j++) {
+        int i = p->rec[j];
         uint8_t layers[KV_MAX_LAYERS];
-        if (c->map[rec[j]].disk_precision > KV_F16 &&
-            ctx_disk_layers(cm, c, rec[j], NULL, layers) == 0)
-            kv_chunk_convert_layers(cm->pool, made[j], layers, err);
-        c->seq.chunks[rec[j]] = made[j];
+        if (c->map[i].disk_precision > KV_F16 && ctx_disk_layers(cm, c, i, NULL, layers) == 0)
+            kv_chunk_convert_layers(cm->pool, p->made[j], layers, err);
+        c->seq.chunks[i] = p->made[j];
+        p->made[j] = NULL;
         st->chunks_recomputed++;
     }
+}
+
+/* One attempt: 0 done, 1 a read failed (its chunk lost its stored copy: plan again),
+ * -1 / CTX_E_BUDGET failure. obs gets the plan's predictions and the parts' times
+ * (obs->total_ms stays < 0 when nothing was missing). */
+static int load_once(ctxmgr *cm, ctx_entry *c, int upto, ctx_load_stats *st,
+                     ctx_cost_obs *obs, char err[ERR_MAX])
+{
+    int n_miss = drop_short_and_count_missing(cm, c, upto);
+    if (n_miss == 0)
+        return 0;
+    load_plan p;
+    int rc = plan_alloc(&p, n_miss, upto, err);
+    if (rc)
+        goto out;
+    plan_open_stored(cm, c, upto, &p);
+    plan_choose(cm, c, upto, &p);
+    rc = ctx_claim(cm, plan_bytes(cm, c, &p), err);
+    if (rc)
+        goto out;
+    rc = -1;
+    /* What the plan predicts starts here: making room (reclaim, writes) is not its. */
+    double t_load = clock_mono_ms();
+    if (plan_alloc_read_chunks(cm, c, &p, err))
+        goto out;
+    int rec_rc = plan_run(cm, c, &p, obs, err);
+    plan_report(&p, obs, st);
+    bool bad_before_last;
+    int n_bad = adopt_reads(cm, c, &p, st, &bad_before_last);
+    if (rec_rc || bad_before_last) {
+        /* Recomputed chunks that attended to a failed read are wrong: plan_free drops
+         * them. */
+        rc = rec_rc ? rec_rc : 1;
+        goto out;
+    }
+    adopt_recomputed(cm, c, &p, st, err);
     obs->total_ms = st->load_ms = clock_mono_ms() - t_load;
     rc = n_bad ? 1 : 0;
 out:
-    for (int j = 0; reads && j < n_reads; j++) {
-        kv_chunk_free(cm->pool, reads[j].kv);
-        store_chunk_close(reads[j].rd);
-    }
-    free(reads);
-    free(d);
-    free(rec);
-    free(made);
-    free(to_rec);
+    plan_free(cm, &p);
     return rc;
 }
 
