@@ -639,10 +639,104 @@ static int qkv_store(rag *r, rag_query *q, const kv_seq *seq, char err[ERR_MAX])
 
 /* ---- the query ---- */
 
+/* Finds q's passages: the question embedded, a QA answer tried, then the knowledge base
+ * searched (a warm-up's passage is given). 0, 1 answered from the QA bank, or -1 with
+ * *code and err. */
+static int find_passages(rag *r, rag_query *q, uint64_t conn_id, const Llms__Request *req,
+                         int64_t warm, Llms__ErrorCode *code, char err[ERR_MAX])
+{
+    const Llms__RagQueryRequest *rq = q->rq;
+    int top_k = rq->has_top_k ? (int)rq->top_k : r->env.cfg->rag_top_k;
+    Llms__Retrieval mode = rq->has_retrieval ? rq->retrieval : LLMS__RETRIEVAL__RETRIEVAL_RRF;
+    *code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+    if (top_k < 1 || top_k > RAG_MAX_K)
+        return err_set(err, "top_k must be 1..%d", RAG_MAX_K);
+    if (mode < LLMS__RETRIEVAL__RETRIEVAL_RRF || mode > LLMS__RETRIEVAL__RETRIEVAL_VECTOR)
+        return err_set(err, "unknown retrieval %d", (int)mode);
+    models_entry *embedder = kb_embedder(r->env.kb, &q->kb, err);
+    if (!embedder) {
+        *code = LLMS__ERROR_CODE__FAILED_PRECONDITION;
+        return -1;
+    }
+    *code = LLMS__ERROR_CODE__INTERNAL;
+    if (q->warm) {
+        q->n_hits = 1;
+        q->hits[0] = (kb_hit){.id = warm};
+        return 0;
+    }
+    if (!(q->qvec = malloc(sizeof *q->qvec * (size_t)q->kb.dim)))
+        return err_set(err, "out of memory");
+    if (semantic_embed_now(r->env.sem, embedder, rq->question, q->qvec, err)) {
+        *code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+        return -1;
+    }
+    vdist_normalize(q->qvec, q->kb.dim);
+    if (q->asker == ASK_REAL)
+        predict_note_query(r->env.pred, &q->kb, rq->question);
+    if (q->use_qa) {
+        int rc = qa_answer(r, q, conn_id, req, err);
+        if (rc != 0)
+            return rc;
+    }
+    return kb_retrieve(r->env.kb, &q->kb, rq->question, q->qvec, top_k, mode, q->hits,
+                       &q->n_hits, err);
+}
+
+/* Builds q's prompt from its passages' texts, which must fit the window with room to
+ * answer; -1 with *code and err. */
+static int prompt_from_passages(rag *r, rag_query *q, Llms__ErrorCode *code, char err[ERR_MAX])
+{
+    char *texts[RAG_MAX_K] = {0};
+    int rc = -1, n_ctx = r->env.cfg->n_ctx;
+    *code = LLMS__ERROR_CODE__INTERNAL;
+    for (int i = 0; i < q->n_hits; i++) {
+        int got = load_passage(q, i, q->hits[i].id, q->hits[i].score, &texts[i], err);
+        if (got <= 0) {
+            if (got == 0)
+                err_set(err, "passage %lld vanished", (long long)q->hits[i].id);
+            goto out;
+        }
+    }
+    q->retrieve_ms = (double)(clock_mono_ns() - q->t0_ns) / 1e6;
+    if (build_prompt(r, q, texts, err))
+        goto out;
+    if (q->n_tokens >= n_ctx) {
+        *code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
+        err_set(err, "the prompt (system prompt, %d passages, question) is %d tokens, the "
+                     "window is %d: ask for fewer passages (top_k)", q->n_hits, q->n_tokens,
+                n_ctx);
+        goto out;
+    }
+    rc = 0;
+out:
+    for (int i = 0; i < RAG_MAX_K; i++)
+        free(texts[i]);
+    return rc;
+}
+
+/* Puts the stored KV of the longest prefix of q's prompt the QKV tree holds in seq. A bad
+ * node costs its reuse, not the query. */
+static void reuse_stored_prefix(rag *r, rag_query *q, kv_seq *seq)
+{
+    char err[ERR_MAX];
+    if (qkv_load(r, q, seq, err)) {
+        warn("QKV load", err);
+        kv_seq_truncate(seq, 0);
+        q->nodes_found = 0;
+        q->reused_tokens = 0;
+    }
+    if (q->nodes_found > 1 && q->asker == ASK_REAL) {
+        r->qkv_hits++;
+        r->qkv_tokens += (uint64_t)q->reused_tokens;
+        if (q->pred_node)
+            predict_count_hits(r->env.pred, false, true);
+    }
+}
+
 /* Starts a query of asker; a real one's errors and QA answer go to conn_id, a predicted
- * one's errors to the log. NULL: answered, failed, or (*cached) nothing to compute. */
-/* warm >= 0: a warm-up of that passage (asker ASK_PREFILL). constrained: the reply must be
- * JSON or a grammar's sentence, which no QA entry's free text stands for. */
+ * one's errors to the log. NULL: answered, failed, or (*cached) nothing to compute.
+ * warm >= 0: a warm-up of that passage (asker ASK_PREFILL). constrained: the reply must
+ * be JSON or a grammar's sentence, which no QA entry's free text stands for. */
 static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
                         const Llms__Request *req, int max_tokens, bool constrained, kv_seq *seq,
                         enum asker asker, int64_t warm, bool *cached)
@@ -651,7 +745,6 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     const Llms__RagQueryRequest *rq = req->rag_query;
     char err[ERR_MAX];
     Llms__ErrorCode code = LLMS__ERROR_CODE__INTERNAL;
-    char *texts[RAG_MAX_K] = {0};
     rag_query *q = calloc(1, sizeof *q);
     if (!q) {
         err_set(err, "out of memory");
@@ -665,8 +758,6 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     q->t0_ns = clock_mono_ns();
     q->kb_changes = r->kb_changes;
     q->warm = warm >= 0;
-    int top_k = rq->has_top_k ? (int)rq->top_k : cfg->rag_top_k;
-    Llms__Retrieval mode = rq->has_retrieval ? rq->retrieval : LLMS__RETRIEVAL__RETRIEVAL_RRF;
     q->use_qa = !(rq->has_no_qa && rq->no_qa) && r->tau <= 1.0f && asker != ASK_PREFILL &&
                 !constrained;
     q->use_qkv = !(rq->has_no_qkv && rq->no_qkv) && cfg->qkv_cache_mb > 0;
@@ -686,65 +777,11 @@ static rag_query *start(rag *r, uint64_t conn_id, uint32_t uid, const char *app,
     q->system_owner = rq->has_share_system_uid && rq->share_system_uid
                           ? (store_owner){uid, STORE_SCOPE_UID}
                           : q->owner;
-    code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
-    if (top_k < 1 || top_k > RAG_MAX_K) {
-        err_set(err, "top_k must be 1..%d", RAG_MAX_K);
+    int rc = find_passages(r, q, conn_id, req, warm, &code, err);
+    if (rc == 1)
+        goto answered;
+    if (rc < 0 || prompt_from_passages(r, q, &code, err))
         goto fail;
-    }
-    if (mode < LLMS__RETRIEVAL__RETRIEVAL_RRF || mode > LLMS__RETRIEVAL__RETRIEVAL_VECTOR) {
-        err_set(err, "unknown retrieval %d", (int)mode);
-        goto fail;
-    }
-    models_entry *embedder = kb_embedder(r->env.kb, &q->kb, err);
-    if (!embedder) {
-        code = LLMS__ERROR_CODE__FAILED_PRECONDITION;
-        goto fail;
-    }
-    if (q->warm) {
-        q->n_hits = 1;
-        q->hits[0] = (kb_hit){.id = warm};
-        goto passages;
-    }
-    if (!(q->qvec = malloc(sizeof *q->qvec * (size_t)q->kb.dim))) {
-        code = LLMS__ERROR_CODE__INTERNAL;
-        err_set(err, "out of memory");
-        goto fail;
-    }
-    if (semantic_embed_now(r->env.sem, embedder, rq->question, q->qvec, err))
-        goto fail;
-    vdist_normalize(q->qvec, q->kb.dim);
-    if (asker == ASK_REAL)
-        predict_note_query(r->env.pred, &q->kb, rq->question);
-    code = LLMS__ERROR_CODE__INTERNAL;
-    if (q->use_qa) {
-        int rc = qa_answer(r, q, conn_id, req, err);
-        if (rc < 0)
-            goto fail;
-        if (rc == 1)
-            goto answered;
-    }
-    if (kb_retrieve(r->env.kb, &q->kb, rq->question, q->qvec, top_k, mode, q->hits, &q->n_hits,
-                    err))
-        goto fail;
-passages:
-    for (int i = 0; i < q->n_hits; i++) {
-        int got = load_passage(q, i, q->hits[i].id, q->hits[i].score, &texts[i], err);
-        if (got <= 0) {
-            if (got == 0)
-                err_set(err, "passage %lld vanished", (long long)q->hits[i].id);
-            goto fail;
-        }
-    }
-    q->retrieve_ms = (double)(clock_mono_ns() - q->t0_ns) / 1e6;
-    if (build_prompt(r, q, texts, err))
-        goto fail;
-    if (q->n_tokens >= cfg->n_ctx) {
-        code = LLMS__ERROR_CODE__INVALID_ARGUMENT;
-        err_set(err, "the prompt (system prompt, %d passages, question) is %d tokens, the "
-                     "window is %d: ask for fewer passages (top_k)", q->n_hits, q->n_tokens,
-                cfg->n_ctx);
-        goto fail;
-    }
     if (asker == ASK_PREFILL) {
         bool whole = !q->use_qkv;
         if (q->use_qkv && qkv_whole(r, q, &whole, err))
@@ -754,21 +791,8 @@ passages:
             goto answered;
         }
     }
-    if (q->use_qkv && qkv_load(r, q, seq, err)) {
-        /* a bad node costs its reuse, not the query */
-        warn("QKV load", err);
-        kv_seq_truncate(seq, 0);
-        q->nodes_found = 0;
-        q->reused_tokens = 0;
-    }
-    if (q->nodes_found > 1 && asker == ASK_REAL) {
-        r->qkv_hits++;
-        r->qkv_tokens += (uint64_t)q->reused_tokens;
-        if (q->pred_node)
-            predict_count_hits(r->env.pred, false, true);
-    }
-    for (int i = 0; i < RAG_MAX_K; i++)
-        free(texts[i]);
+    if (q->use_qkv)
+        reuse_stored_prefix(r, q, seq);
     return q;
 fail:
     if (asker == ASK_REAL)
@@ -777,8 +801,6 @@ fail:
         warn("predicted query", err);
 answered:
     *cached = q && q->cached;
-    for (int i = 0; i < RAG_MAX_K; i++)
-        free(texts[i]);
     rag_query_free(q);
     return NULL;
 }
