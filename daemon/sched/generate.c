@@ -886,6 +886,129 @@ int gen_switch_in(gen *g, char err[ERR_MAX])
     return 0;
 }
 
+/* Whether w's generation ended well: not when the engine failed, the prompt was never
+ * evaluated (nothing to keep), the reply could not be flushed or a call's turn could
+ * not be committed to its context; then *code and err say why. */
+static bool gen_succeeded(sched *s, work *w, Llms__ErrorCode *code, char err[ERR_MAX])
+{
+    gen *g = w->g;
+    if (w->failed) {
+        *code = g->err_code ? g->err_code : LLMS__ERROR_CODE__INTERNAL;
+        snprintf(err, ERR_MAX, "%s", w->fail_msg);
+        return false;
+    }
+    if (!g->prefilled) {
+        if (s->shutting) {
+            *code = LLMS__ERROR_CODE__UNAVAILABLE;
+            snprintf(err, ERR_MAX, "the daemon is shutting down");
+        } else if (g->reason == LLMS__STOP_REASON__STOP_DEADLINE) {
+            *code = LLMS__ERROR_CODE__DEADLINE_EXCEEDED;
+            snprintf(err, ERR_MAX, "the request's timeout passed before its prompt was "
+                                   "evaluated");
+        } else {
+            *code = LLMS__ERROR_CODE__CANCELLED;
+            snprintf(err, ERR_MAX, "cancelled");
+        }
+        return false;
+    }
+    if (!gen_flush(s, w)) {
+        *code = w->fail_code;
+        snprintf(err, ERR_MAX, "%s", w->fail_msg);
+        return false;
+    }
+    if (g->c) {
+        Llms__CallRequest *cr = w->job->req->call;
+        if (ctx_commit_turn(g->c->cm, g->c, g->user_role, cr->prompt, g->turn, g->n_turn,
+                            g->shown ? g->shown : "", g->reply, g->n_gen, clock_wall_ms(), err)) {
+            *code = LLMS__ERROR_CODE__INTERNAL;
+            return false;
+        }
+    }
+    return true;
+}
+
+/* A RagQuery's final answer: the passages and the generation's figures. */
+static void reply_rag_result(sched *s, work *w)
+{
+    gen *g = w->g;
+    Llms__RagResult res;
+    rag_result(g->rq, &res);
+    res.prompt_tokens = (uint32_t)g->n_hist - (uint32_t)g->n_gen;
+    res.generated_tokens = (uint32_t)g->n_gen;
+    res.prefill_ms = (double)(g->t_first - g->t_start) / 1e6;
+    res.decode_ms = (double)(g->t_end - g->t_first) / 1e6;
+    res.queue_ms = (double)(g->t_start - w->job->queued_ns) / 1e6;
+    res.stop_reason = g->reason;
+    res.text = g->shown ? g->shown : "";
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = w->job->req->id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_RAG_RESULT;
+    r.rag_result = &res;
+    sched_reply(s, w->job->conn_id, &r, false);
+}
+
+/* A Call's or Complete's final answer: the text, the stop, the figures and any
+ * logprobs. */
+static void reply_call_result(sched *s, work *w)
+{
+    gen *g = w->g;
+    Llms__CallResult res = LLMS__CALL_RESULT__INIT;
+    res.prompt_tokens = (uint32_t)(g->n_eval + g->n_cached);
+    res.generated_tokens = (uint32_t)g->n_gen;
+    res.context_tokens = g->c ? (uint32_t)g->c->n_tokens : 0;
+    res.prefill_ms = (double)(g->t_first - g->t_start) / 1e6;
+    res.decode_ms = (double)(g->t_end - g->t_first) / 1e6;
+    res.queue_ms = (double)(g->t_start - w->job->queued_ns) / 1e6;
+    res.stop_reason = g->reason;
+    res.has_cached_tokens = g->n_cached > 0;
+    res.cached_tokens = (uint32_t)g->n_cached;
+    res.has_window_slides = g->slides > 0;
+    res.window_slides = (uint32_t)g->slides;
+    res.text = g->shown ? g->shown : "";
+    char stop_string[STOP_MAX_LEN + 1];
+    if (stop_hit_text(&g->stop, stop_string))
+        res.stop_string = stop_string;
+    logprobs_pb lp = {0};
+    bool lp_failed = g->lp && logprobs_pack(g->gm->tok, g->lp, (size_t)g->n_gen, &lp);
+    res.n_logprobs = lp.n_steps;
+    res.logprobs = lp.ptrs;
+    Llms__Response r = LLMS__RESPONSE__INIT;
+    r.id = w->job->req->id;
+    r.final = 1;
+    r.body_case = LLMS__RESPONSE__BODY_RESULT;
+    r.result = &res;
+    if (lp_failed)
+        sched_reply_error(s, w->job, LLMS__ERROR_CODE__INTERNAL,
+                          "out of memory for the reply's logprobs");
+    else
+        sched_reply(s, w->job->conn_id, &r, false);
+    logprobs_pb_free(&lp);
+}
+
+/* What a generation that ended well leaves for later, after its reply went out (off its
+ * latency): the RAG caches, the prompt's KV for the app's next prompt (a whole reply's
+ * only: a cut-short one's end says the app may not come back to it), the request log. */
+static void gen_keep(sched *s, work *w)
+{
+    gen *g = w->g;
+    if (g->rq) {
+        outq_wake(s->env.out);
+        rag_populate(s->rag, g->rq, g->seq, g->shown ? g->shown : "", g->reason, g->n_gen);
+    }
+    pcache *pc = gen_pcache(s, g, w->job, w->gw != NULL);
+    if (pc && (g->reason == LLMS__STOP_REASON__STOP_EOS ||
+               g->reason == LLMS__STOP_REASON__STOP_STRING ||
+               g->reason == LLMS__STOP_REASON__STOP_MAX_TOKENS ||
+               g->reason == LLMS__STOP_REASON__STOP_CONTEXT_FULL))
+        pcache_put(pc, w->job->uid, w->job->app, g->turn, g->n_turn, g->gm->step_tokens,
+                   &g->own_seq);
+    reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, g->n_eval + g->n_gen,
+                   (double)(g->t_end - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,
+                   protobuf_c_enum_descriptor_get_value(&llms__stop_reason__descriptor,
+                                                        (int)g->reason)->name);
+}
+
 void gen_end(sched *s, work *w)
 {
     gen *g = w->g;
@@ -893,118 +1016,23 @@ void gen_end(sched *s, work *w)
         gen_finish(g, !w->cancelled ? LLMS__STOP_REASON__STOP_DEADLINE
                       : s->shutting ? LLMS__STOP_REASON__STOP_SHUTDOWN
                                     : LLMS__STOP_REASON__STOP_CANCELLED);
-    const char *engine_err = w->failed ? w->fail_msg : NULL;
-    char err[ERR_MAX];
-    Llms__ErrorCode code = engine_err && g->err_code ? g->err_code : LLMS__ERROR_CODE__INTERNAL;
-    bool failed = engine_err != NULL;
-    if (engine_err)
-        snprintf(err, sizeof err, "%s", engine_err);
     g->t_end = clock_mono_ns();
-    if (!failed && !g->prefilled) {
-        /* Stopped before the prompt was evaluated: nothing to keep. */
-        failed = true;
-        if (s->shutting) {
-            code = LLMS__ERROR_CODE__UNAVAILABLE;
-            snprintf(err, sizeof err, "the daemon is shutting down");
-        } else if (g->reason == LLMS__STOP_REASON__STOP_DEADLINE) {
-            code = LLMS__ERROR_CODE__DEADLINE_EXCEEDED;
-            snprintf(err, sizeof err, "the request's timeout passed before its prompt was "
-                                      "evaluated");
-        } else {
-            code = LLMS__ERROR_CODE__CANCELLED;
-            snprintf(err, sizeof err, "cancelled");
-        }
-    }
-    if (!failed && !gen_flush(s, w)) {
-        failed = true;
-        code = w->fail_code;
-        snprintf(err, sizeof err, "%s", w->fail_msg);
-    }
-    if (g->c && !failed) {
-        Llms__CallRequest *cr = w->job->req->call;
-        if (ctx_commit_turn(g->c->cm, g->c, g->user_role, cr->prompt, g->turn, g->n_turn,
-                            g->shown ? g->shown : "", g->reply, g->n_gen, clock_wall_ms(), err)) {
-            failed = true;
-            code = LLMS__ERROR_CODE__INTERNAL;
-        }
-    }
-    if (!w->quiet && !failed && g->rq) {
-        Llms__RagResult res;
-        rag_result(g->rq, &res);
-        res.prompt_tokens = (uint32_t)g->n_hist - (uint32_t)g->n_gen;
-        res.generated_tokens = (uint32_t)g->n_gen;
-        res.prefill_ms = (double)(g->t_first - g->t_start) / 1e6;
-        res.decode_ms = (double)(g->t_end - g->t_first) / 1e6;
-        res.queue_ms = (double)(g->t_start - w->job->queued_ns) / 1e6;
-        res.stop_reason = g->reason;
-        res.text = g->shown ? g->shown : "";
-        Llms__Response r = LLMS__RESPONSE__INIT;
-        r.id = w->job->req->id;
-        r.final = 1;
-        r.body_case = LLMS__RESPONSE__BODY_RAG_RESULT;
-        r.rag_result = &res;
-        sched_reply(s, w->job->conn_id, &r, false);
-    } else if (!w->quiet) {
-        if (failed) {
-            sched_reply_error(s, w->job, code, "%s", err);
-        } else {
-            Llms__CallResult res = LLMS__CALL_RESULT__INIT;
-            res.prompt_tokens = (uint32_t)(g->n_eval + g->n_cached);
-            res.generated_tokens = (uint32_t)g->n_gen;
-            res.context_tokens = g->c ? (uint32_t)g->c->n_tokens : 0;
-            res.prefill_ms = (double)(g->t_first - g->t_start) / 1e6;
-            res.decode_ms = (double)(g->t_end - g->t_first) / 1e6;
-            res.queue_ms = (double)(g->t_start - w->job->queued_ns) / 1e6;
-            res.stop_reason = g->reason;
-            res.has_cached_tokens = g->n_cached > 0;
-            res.cached_tokens = (uint32_t)g->n_cached;
-            res.has_window_slides = g->slides > 0;
-            res.window_slides = (uint32_t)g->slides;
-            res.text = g->shown ? g->shown : "";
-            char stop_string[STOP_MAX_LEN + 1];
-            if (stop_hit_text(&g->stop, stop_string))
-                res.stop_string = stop_string;
-            logprobs_pb lp = {0};
-            bool lp_failed = g->lp && logprobs_pack(g->gm->tok, g->lp, (size_t)g->n_gen, &lp);
-            res.n_logprobs = lp.n_steps;
-            res.logprobs = lp.ptrs;
-            Llms__Response r = LLMS__RESPONSE__INIT;
-            r.id = w->job->req->id;
-            r.final = 1;
-            r.body_case = LLMS__RESPONSE__BODY_RESULT;
-            r.result = &res;
-            if (lp_failed)
-                sched_reply_error(s, w->job, LLMS__ERROR_CODE__INTERNAL,
-                                  "out of memory for the reply's logprobs");
-            else
-                sched_reply(s, w->job->conn_id, &r, false);
-            logprobs_pb_free(&lp);
-        }
-    }
-    /* the caches are written after the reply went out, off its latency */
-    if (!failed && g->rq) {
-        outq_wake(s->env.out);
-        rag_populate(s->rag, g->rq, g->seq, g->shown ? g->shown : "", g->reason, g->n_gen);
-    }
-    /* a whole reply's prompt KV is kept for the app's next prompt (not a cut-short one's:
-     * its end says the app may not come back to it) */
-    pcache *pc = gen_pcache(s, g, w->job, w->gw != NULL);
-    if (pc && !failed && (g->reason == LLMS__STOP_REASON__STOP_EOS ||
-                          g->reason == LLMS__STOP_REASON__STOP_STRING ||
-                          g->reason == LLMS__STOP_REASON__STOP_MAX_TOKENS ||
-                          g->reason == LLMS__STOP_REASON__STOP_CONTEXT_FULL))
-        pcache_put(pc, w->job->uid, w->job->app, g->turn, g->n_turn, g->gm->step_tokens,
-                   &g->own_seq);
-    if (!failed)
-        reqlog_request(w->job->uid, w->job->app, w->job->req->body_case, g->n_eval + g->n_gen,
-                       (double)(g->t_end - w->job->queued_ns) / 1e6, LLMS__ERROR_CODE__OK,
-                       protobuf_c_enum_descriptor_get_value(&llms__stop_reason__descriptor,
-                                                            (int)g->reason)->name);
+    char err[ERR_MAX];
+    Llms__ErrorCode code;
+    bool ok = gen_succeeded(s, w, &code, err);
+    if (!w->quiet && !ok)
+        sched_reply_error(s, w->job, code, "%s", err);
+    else if (!w->quiet && g->rq)
+        reply_rag_result(s, w);
+    else if (!w->quiet)
+        reply_call_result(s, w);
+    if (ok)
+        gen_keep(s, w);
     /* After the reply is queued: the context's modified chunks are compressed and
      * written (ahead-of-time swap-out), or a failed call's extra KV dropped; then its
      * chunks are unlocked. */
     if (g->c) {
         outq_wake(s->env.out);
-        ctx_call_end(g->c->cm, g->c, !failed);
+        ctx_call_end(g->c->cm, g->c, ok);
     }
 }
