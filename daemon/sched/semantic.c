@@ -729,101 +729,123 @@ static double overlap(const int *a, const int *b, int n)
     return n > 0 ? (double)hit / n : 1.0;
 }
 
-static void handle_calibrate(sem_task *t)
+/* The reranker for a RerankCalibrate whose queries and options are valid, with those
+ * options; NULL when not, the error answered. */
+static reranker *calibration_reranker(sem_task *t, rerank_options *o)
 {
     semantic *sm = t->sm;
-    uint64_t conn_id = t->conn_id;
     const Llms__Request *req = t->req;
     const Llms__RerankCalibrateRequest *cq = req->rerank_calibrate;
     char err[ERR_MAX];
     float p = cq->precision;
     if (!(p > 0 && p <= 1)) {
-        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+        reply_error(&sm->to, t->conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                     "precision %g is outside (0, 1]", p);
-        return;
+        return NULL;
     }
     if (cq->n_queries == 0) {
-        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no queries");
-        return;
+        reply_error(&sm->to, t->conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "no queries");
+        return NULL;
     }
     for (size_t q = 0; q < cq->n_queries; q++) {
         const Llms__RerankQuery *rq = cq->queries[q];
         Llms__ErrorCode code = check_docs(sm, rq->query, rq->documents, rq->n_documents, err);
         if (code != LLMS__ERROR_CODE__OK) {
-            reply_error(&sm->to, conn_id, req, code, "query %zu: %s", q, err);
-            return;
+            reply_error(&sm->to, t->conn_id, req, code, "query %zu: %s", q, err);
+            return NULL;
         }
     }
-    rerank_options o;
-    if (call_options(sm, cq->has_top_k, cq->top_k, cq->has_mode, cq->mode, &o, err) < 0) {
-        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
-        return;
+    if (call_options(sm, cq->has_top_k, cq->top_k, cq->has_mode, cq->mode, o, err) < 0) {
+        reply_error(&sm->to, t->conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT, "%s", err);
+        return NULL;
     }
     reranker *rr = get_reranker(sm, t->me, err);
     if (!rr) {
-        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker '%s': %s",
+        reply_error(&sm->to, t->conn_id, req, LLMS__ERROR_CODE__INTERNAL, "reranker '%s': %s",
                     t->me->name, err);
-        return;
+        return NULL;
     }
-    if (!answer_tokens_known(sm, rr, &o, conn_id, req))
-        return;
+    if (!answer_tokens_known(sm, rr, o, t->conn_id, req))
+        return NULL;
     for (size_t q = 0; q < cq->n_queries; q++)
         if (rerank_query_fits(rr, cq->queries[q]->query, err) < 0) {
-            reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
+            reply_error(&sm->to, t->conn_id, req, LLMS__ERROR_CODE__INVALID_ARGUMENT,
                         "query %zu: %s", q, err);
-            return;
+            return NULL;
         }
+    return rr;
+}
+
+/* Reranks every query of cq under o. With reference set, each query's top-K is kept in
+ * ref (nq, k) and nref; else it is compared with them, and *precision is the mean share
+ * of the reference's top-K it keeps. *ms: the mean time per query. */
+static int rerank_queries(reranker *rr, const Llms__RerankCalibrateRequest *cq,
+                          const rerank_options *o, bool reference, int *ref, int *nref,
+                          double *ms, double *precision, char err[ERR_MAX])
+{
+    size_t nq = cq->n_queries, k = (size_t)o->top_k;
+    double total_ms = 0, sum = 0;
+    for (size_t q = 0; q < nq; q++) {
+        const Llms__RerankQuery *rq = cq->queries[q];
+        rerank_result res;
+        memset(&res, 0, sizeof res);
+        char e2[ERR_MAX];
+        double t0 = clock_mono_ms();
+        if (rerank_run(rr, rq->query, (const char *const *)rq->documents, (int)rq->n_documents,
+                       o, &res, e2) < 0) {
+            rerank_result_free(&res);
+            return err_set(err, "query %zu: %s", q, e2);
+        }
+        total_ms += clock_mono_ms() - t0;
+        if (reference) {
+            nref[q] = res.n;
+            memcpy(ref + q * k, res.index, sizeof *ref * (size_t)res.n);
+        } else {
+            sum += overlap(ref + q * k, res.index, res.n < nref[q] ? res.n : nref[q]);
+        }
+        rerank_result_free(&res);
+    }
+    *ms = total_ms / (double)nq;
+    if (precision)
+        *precision = sum / (double)nq;
+    return 0;
+}
+
+static void handle_calibrate(sem_task *t)
+{
+    semantic *sm = t->sm;
+    const Llms__Request *req = t->req;
+    const Llms__RerankCalibrateRequest *cq = req->rerank_calibrate;
+    char err[ERR_MAX];
+    rerank_options o;
+    reranker *rr = calibration_reranker(t, &o);
+    if (!rr)
+        return;
+    float p = cq->precision;
     size_t nq = cq->n_queries;
     int k = o.top_k;
     int *ref = calloc(nq * (size_t)k, sizeof *ref); /* (nq, k) full-forward top-K */
     int *nref = calloc(nq, sizeof *nref);
     float grid_prec[CALIB_N];
-    if (!ref || !nref) {
-        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "out of memory");
-        goto done;
-    }
-    double full_ms = 0, pruned_ms = 0;
-    for (size_t q = 0; q < nq; q++) {
-        const Llms__RerankQuery *rq = cq->queries[q];
-        rerank_result res;
-        memset(&res, 0, sizeof res);
-        o.cv_threshold = 0;
-        double t0 = clock_mono_ms();
-        if (rerank_run(rr, rq->query, (const char *const *)rq->documents, (int)rq->n_documents,
-                       &o, &res, err) < 0) {
-            rerank_result_free(&res);
-            reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q, err);
-            goto done;
-        }
-        full_ms += clock_mono_ms() - t0;
-        nref[q] = res.n;
-        memcpy(ref + q * (size_t)k, res.index, sizeof *ref * (size_t)res.n);
-        rerank_result_free(&res);
-    }
+    double full_ms, pruned_ms = 0;
     int n_tried = 0, chosen = -1;
+    if (!ref || !nref) {
+        err_set(err, "out of memory");
+        goto fail;
+    }
+    o.cv_threshold = 0;
+    if (rerank_queries(rr, cq, &o, true, ref, nref, &full_ms, NULL, err))
+        goto fail;
+    /* the grid's thresholds prune more and more: the first that keeps the precision */
     for (int g = 0; g < CALIB_N && chosen < 0; g++, n_tried++) {
-        double sum = 0, ms = 0;
+        double ms, prec;
         o.cv_threshold = calib_grid[g];
-        for (size_t q = 0; q < nq; q++) {
-            const Llms__RerankQuery *rq = cq->queries[q];
-            rerank_result res;
-            memset(&res, 0, sizeof res);
-            double t0 = clock_mono_ms();
-            if (rerank_run(rr, rq->query, (const char *const *)rq->documents,
-                           (int)rq->n_documents, &o, &res, err) < 0) {
-                rerank_result_free(&res);
-                reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "query %zu: %s", q,
-                            err);
-                goto done;
-            }
-            ms += clock_mono_ms() - t0;
-            sum += overlap(ref + q * (size_t)k, res.index, res.n < nref[q] ? res.n : nref[q]);
-            rerank_result_free(&res);
-        }
-        grid_prec[g] = (float)(sum / nq);
+        if (rerank_queries(rr, cq, &o, false, ref, nref, &ms, &prec, err))
+            goto fail;
+        grid_prec[g] = (float)prec;
         if (grid_prec[g] >= p) {
             chosen = g;
-            pruned_ms = ms / nq;
+            pruned_ms = ms;
         }
     }
     /* No grid threshold reaches the precision: only the full forward does. */
@@ -831,9 +853,10 @@ static void handle_calibrate(sem_task *t)
     char key[SEM_KEY_MAX];
     setting_key(t->me, p, key);
     double vals[4] = {thr, chosen >= 0 ? grid_prec[chosen] : 1.0, k, o.mode};
-    if (store_setting_put(sm->env.st, key, vals, 4, err) < 0) {
-        reply_error(&sm->to, conn_id, req, LLMS__ERROR_CODE__INTERNAL, "settings: %s", err);
-        goto done;
+    char e2[ERR_MAX];
+    if (store_setting_put(sm->env.st, key, vals, 4, e2) < 0) {
+        err_set(err, "settings: %s", e2);
+        goto fail;
     }
     Llms__RerankCalibrateResponse cr = LLMS__RERANK_CALIBRATE_RESPONSE__INIT;
     cr.found = chosen >= 0;
@@ -843,14 +866,17 @@ static void handle_calibrate(sem_task *t)
     cr.grid = (float *)calib_grid;
     cr.n_grid_precision = (size_t)n_tried;
     cr.grid_precision = grid_prec;
-    cr.full_ms = full_ms / nq;
-    cr.pruned_ms = chosen >= 0 ? pruned_ms : full_ms / nq;
+    cr.full_ms = full_ms;
+    cr.pruned_ms = chosen >= 0 ? pruned_ms : full_ms;
     Llms__Response r = LLMS__RESPONSE__INIT;
     r.id = req->id;
     r.final = 1;
     r.body_case = LLMS__RESPONSE__BODY_RERANK_CALIBRATE;
     r.rerank_calibrate = &cr;
-    reply_send(&sm->to, conn_id, &r, false);
+    reply_send(&sm->to, t->conn_id, &r, false);
+    goto done;
+fail:
+    reply_error(&sm->to, t->conn_id, req, LLMS__ERROR_CODE__INTERNAL, "%s", err);
 done:
     free(ref);
     free(nref);
