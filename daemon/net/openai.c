@@ -1409,59 +1409,119 @@ static void submit_choices(hreq *hr, Llms__Request *r, Llms__GenerationParams *g
     }
 }
 
+/* Reads a generation request's fields beside its prompt: streaming, llmsd.context, the
+ * sampling parameters (into gp and lists; gp->stop has room for STOP_MAX), logit bias,
+ * logprobs, n, and for a chat the reasoning switch and the tools; then refuses the
+ * combinations llmsd does not support. 0, or -1 with msg. */
+static int read_generation_options(hreq *hr, bool chat, Llms__GenerationParams *gp,
+                                   llamaparams_lists *lists, char *msg, size_t cap)
+{
+    json_object *v, *x;
+    int rc;
+    if ((rc = jsonfield_get(hr->body, "stream", "", json_type_boolean, &v, msg, cap)) < 0)
+        return -1;
+    hr->stream = rc && json_object_get_boolean(v);
+    if (jsonfield_get(hr->body, "stream_options", "", json_type_object, &x, msg, cap) == 1 &&
+        jsonfield_get(x, "include_usage", "", json_type_boolean, &v, msg, cap) == 1)
+        hr->include_usage = json_object_get_boolean(v);
+    if ((rc = jsonfield_get(hr->body, "llmsd", "", json_type_object, &x, msg, cap)) < 0)
+        return -1;
+    if (rc && (rc = jsonfield_get(x, "context", "", json_type_string, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        hr->context_id = json_object_get_string(v);
+    if (hr->context_id && !chat) {
+        snprintf(msg, cap, "'llmsd.context' is for /v1/chat/completions");
+        return -1;
+    }
+    /* A rendered chat carries its template's end of turn as one more stop string. */
+    size_t max_stops = STOP_MAX - 1 - (chat && !hr->context_id);
+    if (read_params(hr->body, gp, max_stops, lists, msg, cap) ||
+        read_logit_bias(hr, gp, msg, cap) || read_logprobs(hr, gp, msg, cap) ||
+        refuse_unhonoured(hr->body, chat, msg, cap) || read_n(hr, msg, cap) ||
+        (chat && (openai_read_thinking(hr, msg, cap) < 0 ||
+                  toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
+                  toolcall_constrain(&hr->tools, gp, msg, cap) < 0)))
+        return -1;
+    openai_split_start(hr);
+    /* the calls of one reply are read as it streams: one choice at a time */
+    if (hr->tools.n > 0 && hr->n_choices > 1) {
+        snprintf(msg, cap, "'tools' with 'n' above 1 is not supported");
+        return -1;
+    }
+    /* a context holds its conversation as text turns, with no place for tools; its turns
+     * are rendered by the worker against its history, with the template's defaults */
+    if (hr->context_id && hr->tools.n > 0) {
+        snprintf(msg, cap, "'tools' cannot be used with 'llmsd.context'");
+        return -1;
+    }
+    if (hr->context_id && hr->no_thinking) {
+        snprintf(msg, cap, "'chat_template_kwargs.enable_thinking' false cannot be used with "
+                           "'llmsd.context'");
+        return -1;
+    }
+    return 0;
+}
+
+/* The turn of a chat sent to a context, which holds the conversation: the last message,
+ * the user's. -1 with msg; 0 with *turn, NULL when out of memory. */
+static int context_turn(json_object *msgs, char **turn, char *msg, size_t cap)
+{
+    json_object *last = json_object_array_get_idx(msgs, json_object_array_length(msgs) - 1);
+    json_object *role;
+    if (!json_object_is_type(last, json_type_object) ||
+        !json_object_object_get_ex(last, "role", &role) ||
+        !json_object_is_type(role, json_type_string) ||
+        strcmp(json_object_get_string(role), "user") != 0) {
+        snprintf(msg, cap, "with 'llmsd.context' the last message must be the user's");
+        return -1;
+    }
+    char *owned;
+    const char *text = jsonfield_message_content(last, &owned, msg, cap);
+    if (!text)
+        return -1;
+    *turn = owned ? owned : strdup(text);
+    return 0;
+}
+
+/* A completion's prompt, and with a suffix (the legacy insert: the text between the
+ * prompt and the suffix) its fill-in-the-middle part in fim. -1 with msg; 0 with
+ * *prompt, NULL when out of memory. */
+static int completion_prompt(hreq *hr, char **prompt, Llms__PromptPart *fim, char *msg,
+                             size_t cap)
+{
+    json_object *p, *suffix;
+    if (!json_object_object_get_ex(hr->body, "prompt", &p)) {
+        snprintf(msg, cap, "'prompt' is required");
+        return -1;
+    }
+    if (json_object_is_type(p, json_type_array) && json_object_array_length(p) == 1)
+        p = json_object_array_get_idx(p, 0);
+    if (!json_object_is_type(p, json_type_string)) {
+        snprintf(msg, cap, "'prompt' must be a string (or an array of one string)");
+        return -1;
+    }
+    int has_suffix = jsonfield_get(hr->body, "suffix", "", json_type_string, &suffix, msg, cap);
+    if (has_suffix < 0 ||
+        (has_suffix && json_object_get_string_len(suffix) &&
+         fimreq_prompt_part(hr, json_object_get_string(p), json_object_get_string(suffix), fim,
+                            msg, cap)))
+        return -1;
+    *prompt = strdup(json_object_get_string(p));
+    return 0;
+}
+
 /* Builds and submits the native request of a generation route. */
 void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
-    json_object *v, *x;
     const char *stops[STOP_MAX];
     Llms__GenerationParams gp = LLMS__GENERATION_PARAMS__INIT;
     llamaparams_lists lists;
     gp.stop = (char **)stops;
     /* a Responses request comes as the chat it asks for (responses_chat_body) */
     bool chat = hr->route == R_CHAT || hr->route == R_RESPONSES;
-    int rc;
-    if ((rc = jsonfield_get(hr->body, "stream", "", json_type_boolean, &v, msg, cap)) < 0)
+    if (read_generation_options(hr, chat, &gp, &lists, msg, cap))
         goto bad;
-    hr->stream = rc && json_object_get_boolean(v);
-    if (jsonfield_get(hr->body, "stream_options", "", json_type_object, &x, msg, cap) == 1 &&
-        jsonfield_get(x, "include_usage", "", json_type_boolean, &v, msg, cap) == 1)
-        hr->include_usage = json_object_get_boolean(v);
-    if ((rc = jsonfield_get(hr->body, "llmsd", "", json_type_object, &x, msg, cap)) < 0)
-        goto bad;
-    if (rc && (rc = jsonfield_get(x, "context", "", json_type_string, &v, msg, cap)) < 0)
-        goto bad;
-    if (rc)
-        hr->context_id = json_object_get_string(v);
-    if (hr->context_id && !chat) {
-        snprintf(msg, cap, "'llmsd.context' is for /v1/chat/completions");
-        goto bad;
-    }
-    /* A rendered chat carries its template's end of turn as one more stop string. */
-    size_t max_stops = STOP_MAX - 1 - (chat && !hr->context_id);
-    if (read_params(hr->body, &gp, max_stops, &lists, msg, cap) ||
-        read_logit_bias(hr, &gp, msg, cap) || read_logprobs(hr, &gp, msg, cap) ||
-        refuse_unhonoured(hr->body, chat, msg, cap) || read_n(hr, msg, cap) ||
-        (chat && (openai_read_thinking(hr, msg, cap) < 0 ||
-                  toolcall_read(hr->body, hr->family, &hr->tools, msg, cap) < 0 ||
-                  toolcall_constrain(&hr->tools, &gp, msg, cap) < 0)))
-        goto bad;
-    openai_split_start(hr);
-    /* the calls of one reply are read as it streams: one choice at a time */
-    if (hr->tools.n > 0 && hr->n_choices > 1) {
-        snprintf(msg, cap, "'tools' with 'n' above 1 is not supported");
-        goto bad;
-    }
-    /* a context holds its conversation as text turns, with no place for tools; its turns
-     * are rendered by the worker against its history, with the template's defaults */
-    if (hr->context_id && hr->tools.n > 0) {
-        snprintf(msg, cap, "'tools' cannot be used with 'llmsd.context'");
-        goto bad;
-    }
-    if (hr->context_id && hr->no_thinking) {
-        snprintf(msg, cap, "'chat_template_kwargs.enable_thinking' false cannot be used with "
-                           "'llmsd.context'");
-        goto bad;
-    }
     char *prompt = NULL;
     Llms__PromptPart fim = LLMS__PROMPT_PART__INIT, *fim_ptr = &fim;
     Llms__CompleteRequest cr = LLMS__COMPLETE_REQUEST__INIT;
@@ -1471,21 +1531,8 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         if (openai_chat_messages(hr->body, &msgs, msg, cap))
             goto bad;
         if (hr->context_id) {
-            /* The context holds the conversation: the turn is the last user message. */
-            json_object *last = json_object_array_get_idx(msgs, json_object_array_length(msgs) - 1);
-            json_object *role;
-            if (!json_object_is_type(last, json_type_object) ||
-                !json_object_object_get_ex(last, "role", &role) ||
-                !json_object_is_type(role, json_type_string) ||
-                strcmp(json_object_get_string(role), "user") != 0) {
-                snprintf(msg, cap, "with 'llmsd.context' the last message must be the user's");
+            if (context_turn(msgs, &prompt, msg, cap))
                 goto bad;
-            }
-            char *owned;
-            const char *text = jsonfield_message_content(last, &owned, msg, cap);
-            if (!text)
-                goto bad;
-            prompt = owned ? owned : strdup(text);
             call.context_id = (char *)hr->context_id;
             call.model = (char *)hr->model_named;
             call.prompt = prompt;
@@ -1497,32 +1544,12 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
                 goto bad;
             stops[gp.n_stop++] = chat_stop_text(hr->family);
         }
-    } else {
-        json_object *p;
-        if (!json_object_object_get_ex(hr->body, "prompt", &p)) {
-            snprintf(msg, cap, "'prompt' is required");
-            goto bad;
-        }
-        if (json_object_is_type(p, json_type_array) && json_object_array_length(p) == 1)
-            p = json_object_array_get_idx(p, 0);
-        if (!json_object_is_type(p, json_type_string)) {
-            snprintf(msg, cap, "'prompt' must be a string (or an array of one string)");
-            goto bad;
-        }
-        prompt = strdup(json_object_get_string(p));
-        /* the legacy insert: the text between the prompt and the suffix */
-        json_object *suffix;
-        int has_suffix = jsonfield_get(hr->body, "suffix", "", json_type_string, &suffix, msg,
-                                       cap);
-        if (has_suffix < 0 ||
-            (has_suffix && json_object_get_string_len(suffix) &&
-             fimreq_prompt_part(hr, json_object_get_string(p), json_object_get_string(suffix),
-                                &fim, msg, cap))) {
-            free(prompt);
-            goto bad;
-        }
+    } else if (completion_prompt(hr, &prompt, &fim, msg, cap)) {
+        goto bad;
     }
-    if (!prompt) {
+    if (!prompt || (hr->stream && !(hr->sse = evbuffer_new()))) {
+        free(prompt);
+        free(fim.tokens);
         openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
         return;
     }
@@ -1534,12 +1561,6 @@ void openai_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         cr.model = (char *)hr->model_named;
         r->body_case = LLMS__REQUEST__BODY_COMPLETE;
         r->complete = &cr;
-    }
-    if (hr->stream && !(hr->sse = evbuffer_new())) {
-        free(prompt);
-        free(fim.tokens);
-        openai_finish_error(hr, LLMS__ERROR_CODE__INTERNAL, "out of memory");
-        return;
     }
     submit_choices(hr, r, &gp);
     free(prompt);
