@@ -785,6 +785,73 @@ static char *generate_harmony(hreq *hr, const char *system, const char *prompt, 
     return out;
 }
 
+/* The Complete of an /api/generate body, its prompt as ollama means it: raw, through the
+ * chat template with a system message, a fill in the middle with a suffix (**part_ptr),
+ * or gpt-oss's rendered here (*rendered, its end of turn one more stop string of gp).
+ * -1 with msg; 1: an empty prompt, ollama's "load the model" call. */
+static int generate_request(hreq *hr, Llms__CompleteRequest *cr, Llms__PromptPart **part_ptr,
+                            Llms__GenerationParams *gp, char **rendered, char *msg, size_t cap)
+{
+    json_object *v;
+    int rc;
+    const char *prompt = "", *system = NULL, *suffix = NULL;
+    if ((rc = jsonfield_get(hr->body, "prompt", "", json_type_string, &v, msg, cap)) < 0)
+        return -1;
+    if (rc)
+        prompt = json_object_get_string(v);
+    if ((rc = jsonfield_get(hr->body, "suffix", "", json_type_string, &v, msg, cap)) < 0)
+        return -1;
+    if (rc && json_object_get_string_len(v))
+        suffix = json_object_get_string(v);
+    if ((rc = jsonfield_get(hr->body, "system", "", json_type_string, &v, msg, cap)) < 0)
+        return -1;
+    if (rc && json_object_get_string_len(v))
+        system = json_object_get_string(v);
+    if ((rc = jsonfield_get(hr->body, "raw", "", json_type_boolean, &v, msg, cap)) < 0)
+        return -1;
+    bool raw = rc && json_object_get_boolean(v);
+    if (raw && system) {
+        snprintf(msg, cap, "'system' goes through the chat template, which 'raw' leaves out");
+        return -1;
+    }
+    /* ollama's templates of code models write a suffix's prompt without the system
+     * message, and a raw prompt without the suffix: neither would be honoured */
+    if (suffix && (raw || system)) {
+        snprintf(msg, cap, "'%s': a prompt with a suffix is the model's fill-in-the-middle "
+                 "prompt, which has no place for it", raw ? "raw" : "system");
+        return -1;
+    }
+    /* an empty prompt is ollama's "load the model" call, a system prompt or not */
+    if (!prompt[0])
+        return 1;
+    if (suffix) {
+        if (fimreq_prompt_part(hr, prompt, suffix, *part_ptr, msg, cap))
+            return -1;
+        cr->prompt = "";
+        cr->prompt_parts = part_ptr;
+        cr->n_prompt_parts = 1;
+        hr->reasoning = false; /* a fill in the middle is code, not a chat's reply */
+    } else if (!raw && hr->family == CHAT_GPT_OSS) {
+        /* gpt-oss's prompt holds the think level, its reasoning effort, which the
+         * worker's rendering has no place for: rendered here, as /api/chat is */
+        if (!(*rendered = generate_harmony(hr, system, prompt, msg, cap)))
+            return -1;
+        gp->stop[gp->n_stop++] = (char *)chat_stop_text(hr->family);
+        cr->prompt = *rendered;
+    } else {
+        /* not raw: the prompt is the user's turn, through the model's chat template;
+         * raw, it is no chat, and its text is left whole */
+        cr->prompt = (char *)prompt;
+        cr->system_prompt = (char *)system;
+        cr->has_chat = 1;
+        cr->chat = !raw;
+        cr->has_enable_thinking = hr->no_thinking && !raw;
+        cr->enable_thinking = !hr->no_thinking;
+        hr->reasoning &= !raw;
+    }
+    return 0;
+}
+
 void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
 {
     bool chat = hr->route == R_OLLAMA_CHAT;
@@ -828,63 +895,12 @@ void ollama_start_generate(hreq *hr, Llms__Request *r, char *msg, size_t cap)
         stops[gp.n_stop++] = chat_stop_text(hr->family);
         cr.prompt = rendered;
     } else {
-        const char *prompt = "", *system = NULL, *suffix = NULL;
-        bool raw = false;
-        if ((rc = jsonfield_get(hr->body, "prompt", "", json_type_string, &v, msg, cap)) < 0)
+        int got = generate_request(hr, &cr, &part_ptr, &gp, &rendered, msg, cap);
+        if (got < 0)
             goto bad;
-        if (rc)
-            prompt = json_object_get_string(v);
-        if ((rc = jsonfield_get(hr->body, "suffix", "", json_type_string, &v, msg, cap)) < 0)
-            goto bad;
-        if (rc && json_object_get_string_len(v))
-            suffix = json_object_get_string(v);
-        if ((rc = jsonfield_get(hr->body, "system", "", json_type_string, &v, msg, cap)) < 0)
-            goto bad;
-        if (rc && json_object_get_string_len(v))
-            system = json_object_get_string(v);
-        if ((rc = jsonfield_get(hr->body, "raw", "", json_type_boolean, &v, msg, cap)) < 0)
-            goto bad;
-        raw = rc && json_object_get_boolean(v);
-        if (raw && system) {
-            snprintf(msg, cap, "'system' goes through the chat template, which 'raw' leaves out");
-            goto bad;
-        }
-        /* ollama's templates of code models write a suffix's prompt without the system
-         * message, and a raw prompt without the suffix: neither would be honoured */
-        if (suffix && (raw || system)) {
-            snprintf(msg, cap, "'%s': a prompt with a suffix is the model's fill-in-the-middle "
-                     "prompt, which has no place for it", raw ? "raw" : "system");
-            goto bad;
-        }
-        /* an empty prompt is ollama's "load the model" call, a system prompt or not */
-        if (!prompt[0]) {
+        if (got == 1) {
             answer_load(hr);
             return;
-        }
-        if (suffix) {
-            if (fimreq_prompt_part(hr, prompt, suffix, &part, msg, cap))
-                goto bad;
-            cr.prompt = "";
-            cr.prompt_parts = &part_ptr;
-            cr.n_prompt_parts = 1;
-            hr->reasoning = false; /* a fill in the middle is code, not a chat's reply */
-        } else if (!raw && hr->family == CHAT_GPT_OSS) {
-            /* gpt-oss's prompt holds the think level, its reasoning effort, which the
-             * worker's rendering has no place for: rendered here, as /api/chat is */
-            if (!(rendered = generate_harmony(hr, system, prompt, msg, cap)))
-                goto bad;
-            stops[gp.n_stop++] = chat_stop_text(hr->family);
-            cr.prompt = rendered;
-        } else {
-            /* not raw: the prompt is the user's turn, through the model's chat template;
-             * raw, it is no chat, and its text is left whole */
-            cr.prompt = (char *)prompt;
-            cr.system_prompt = (char *)system;
-            cr.has_chat = 1;
-            cr.chat = !raw;
-            cr.has_enable_thinking = hr->no_thinking && !raw;
-            cr.enable_thinking = !hr->no_thinking;
-            hr->reasoning &= !raw;
         }
     }
     cr.params = &gp;
