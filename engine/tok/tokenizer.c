@@ -225,7 +225,9 @@ static void harmony_markup(tokenizer *t)
     }
 }
 
-static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
+/* The ids a tokenizer model's files usually have, for files that name none (dropped where
+ * the vocabulary is smaller), and whether it adds BOS, EOS, SEP and a space prefix. */
+static void default_specials(tokenizer *t)
 {
     int32_t *id = t->special_id;
     for (int i = 0; i < TOK_SPECIAL_COUNT; i++)
@@ -251,7 +253,12 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
     for (int i = 0; i < TOK_SPECIAL_COUNT; i++)
         if (id[i] >= t->n_vocab)
             id[i] = -1;
+}
 
+/* The ids the file names, over the defaults; CLS is BOS unless named. */
+static int read_special_ids(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
+{
+    int32_t *id = t->special_id;
     static const struct {
         const char *key;
         enum tok_special which;
@@ -281,9 +288,14 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         if (read_id(t, g, keys[i].key, &id[keys[i].which], err) < 0)
             return -1;
     id[TOK_SPECIAL_CLS] = id[TOK_SPECIAL_BOS];
-    if (read_id(t, g, "tokenizer.ggml.cls_token_id", &id[TOK_SPECIAL_CLS], err) < 0)
-        return -1;
+    return read_id(t, g, "tokenizer.ggml.cls_token_id", &id[TOK_SPECIAL_CLS], err) < 0 ? -1 : 0;
+}
 
+/* Whether the tokenizer adds BOS, EOS, SEP and a space prefix, as the file says; refused
+ * when it adds a token it lacks. */
+static int read_add_flags(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
+{
+    const int32_t *id = t->special_id;
     if (read_flag(g, "tokenizer.ggml.add_bos_token", &t->add_bos, err) ||
         read_flag(g, "tokenizer.ggml.add_eos_token", &t->add_eos, err) ||
         read_flag(g, "tokenizer.ggml.add_sep_token", &t->add_sep, err) ||
@@ -297,11 +309,16 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
         return err_set(err, "the tokenizer adds SEP but has no SEP token");
     if (t->model == TOK_MODEL_UGM && id[TOK_SPECIAL_UNK] < 0)
         return err_set(err, "the unigram tokenizer has no unknown token");
+    return 0;
+}
 
-    /* Fill-in-the-middle tokens no key names: the spellings llama.cpp looks for. It takes
-     * a token of any type so spelled and makes it a control token; here, as for the
-     * end-of-turn texts below, only a control or user-defined token is taken, so that a
-     * normal token that reads "<PAD>" stays text and ends nothing. */
+/* Fill-in-the-middle tokens no key names: the spellings llama.cpp looks for. It takes
+ * a token of any type so spelled and makes it a control token; here, as in
+ * mark_end_of_turn_tokens, only a control or user-defined token is taken, so that a
+ * normal token that reads "<PAD>" stays text and ends nothing. */
+static void find_fim_tokens(tokenizer *t)
+{
+    int32_t *id = t->special_id;
     static const struct {
         enum tok_special which;
         const char *text[5];
@@ -327,9 +344,13 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
             if (e >= 0 && (t->types[e] == TOK_TYPE_CONTROL || t->types[e] == TOK_TYPE_USER_DEFINED))
                 id[fim_texts[i].which] = e;
         }
+}
 
-    /* Tokens that end a turn in common chat formats, as llama.cpp recognises them (at
-     * most TOK_EOG_MAX with the six roles below). */
+/* Tokens that end a turn in common chat formats, as llama.cpp recognises them (at
+ * most TOK_EOG_MAX with the six roles below). */
+static void mark_end_of_turn_tokens(tokenizer *t)
+{
+    int32_t *id = t->special_id;
     static const char *eog_texts[] = {
         "<|eot_id|>",
         "<|im_end|>",
@@ -367,6 +388,16 @@ static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
     for (size_t i = 0; i < sizeof eog_roles / sizeof *eog_roles; i++)
         if (id[eog_roles[i]] >= 0)
             t->flags[id[eog_roles[i]]] |= TOK_FLAG_EOG;
+}
+
+/* The special tokens' ids, the tokens that end generation, and what encoding adds. */
+static int load_specials(tokenizer *t, const gguf_file *g, char err[ERR_MAX])
+{
+    default_specials(t);
+    if (read_special_ids(t, g, err) || read_add_flags(t, g, err))
+        return -1;
+    find_fim_tokens(t);
+    mark_end_of_turn_tokens(t);
     harmony_markup(t);
     list_eog_tokens(t);
     return 0;
