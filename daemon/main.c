@@ -121,6 +121,7 @@ typedef struct loop_state {
     sched *sch;
     struct event *watchdog;
     struct event *status;
+    struct event *sigterm, *sigint, *sighup;
     unsigned last_contexts, last_conns;
     bool status_sent;
     http *gw;               /* the HTTP gateway, or NULL */
@@ -208,27 +209,96 @@ static void resolve(config *cfg, const model_hparams *hp)
         cfg->max_tokens_per_context = cfg->n_ctx;
 }
 
+/* The arguments that ask for information instead of a daemon (rc of parse_args: 1 help,
+ * 2 version, 3 the settings' documentation) answered: the exit status. */
+static int answer_info_args(int rc, config_doc doc)
+{
+    char err[ERR_MAX];
+    if (rc == 1)
+        usage(stdout);
+    else if (rc == 2)
+        printf("llmsd %s\n", LLMS_VERSION);
+    else if (config_print_settings(stdout, doc, err)) {
+        fprintf(stderr, "llmsd: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
+
+/* The signals belong to the loop before the sockets listen: a stop sent as soon as a
+ * client can connect (systemd, a test) is a clean shutdown, not SIGTERM's default action
+ * killing the daemon mid-start. Also the periodic status line. */
+static int install_loop_signals(struct event_base *base, loop_state *ls)
+{
+    struct sigaction outside = {.sa_handler = on_signal_outside_loop};
+    sigemptyset(&outside.sa_mask);
+    if (sigaction(SIGTERM, &outside, NULL) || sigaction(SIGINT, &outside, NULL) ||
+        sigaction(SIGHUP, &outside, NULL)) {
+        fprintf(stderr, "llmsd: sigaction: %s\n", strerror(errno));
+        return -1;
+    }
+    ls->sigterm = evsignal_new(base, SIGTERM, on_signal, ls);
+    ls->sigint = evsignal_new(base, SIGINT, on_signal, ls);
+    ls->sighup = evsignal_new(base, SIGHUP, on_reload, ls);
+    ls->status = event_new(base, -1, EV_PERSIST, on_status, ls);
+    struct timeval status_tv = {STATUS_SECONDS, 0};
+    if (!ls->sigterm || !ls->sigint || !ls->sighup || !ls->status ||
+        evsignal_add(ls->sigterm, NULL) || evsignal_add(ls->sigint, NULL) ||
+        evsignal_add(ls->sighup, NULL) || event_add(ls->status, &status_tv)) {
+        fprintf(stderr, "llmsd: libevent setup failed\n");
+        return -1;
+    }
+    if (stop_outside_loop)
+        event_active(stop_outside_loop == SIGINT ? ls->sigint : ls->sigterm, EV_SIGNAL, 1);
+    return 0;
+}
+
+/* systemd's watchdog, when the unit sets one: pinged at half its interval. */
+static void start_watchdog(struct event_base *base, loop_state *ls)
+{
+    uint64_t wd = notify_watchdog_usec();
+    if (!wd)
+        return;
+    struct timeval tv = {(time_t)(wd / 2 / 1000000), (suseconds_t)(wd / 2 % 1000000)};
+    ls->watchdog = event_new(base, -1, EV_PERSIST, on_watchdog, NULL);
+    if (ls->watchdog)
+        event_add(ls->watchdog, &tv);
+}
+
+/* A line per model to the journal: its file, type and roles, and an embed model's
+ * pooling, so that a wrong pooling_type shows before its vectors do. */
+static void log_models(const models *reg, const models_entry *gen)
+{
+    static const char *const pool_names[] = {"none", "mean", "cls", "last", "rank"};
+    for (const models_entry *e = models_first(reg); e; e = e->next) {
+        int pool = e->m ? model_hparams_of(e->m)->pooling_type : -1;
+        fprintf(stderr, "llmsd: model '%s': %s%s%s (%s %s)%s%s%s%s\n", e->name,
+                e->base ? e->base->name : e->path, e->base ? " with the adapters " : "",
+                e->base ? e->lora_spec : "", e->arch, models_type_name(e->type),
+                e == gen ? ", generates (the default)" : e->roles & MODELS_GENERATE ? ", generates" : "",
+                e->roles & MODELS_DRAFT ? ", drafts" : "",
+                (e->roles & ~e->fallback & MODELS_EMBED) ? ", embeds, pooling " : "",
+                !(e->roles & ~e->fallback & MODELS_EMBED) ? ""
+                : e->enc                                  ? "as the encoder's file says"
+                : pool >= 0                               ? pool_names[pool]
+                                                          : "not set in the file");
+    }
+}
+
+static void free_event(struct event *e)
+{
+    if (e)
+        event_free(e);
+}
+
 int main(int argc, char **argv)
 {
     static config cfg;
     char err[ERR_MAX];
     config_doc doc = CONFIG_DOC_CONF;
     int rc = parse_args(argc, argv, &cfg, &doc, err);
-    if (rc == 1) {
-        usage(stdout);
-        return 0;
-    }
-    if (rc == 2) {
-        printf("llmsd %s\n", LLMS_VERSION);
-        return 0;
-    }
-    if (rc == 3) {
-        if (config_print_settings(stdout, doc, err)) {
-            fprintf(stderr, "llmsd: %s\n", err);
-            return 1;
-        }
-        return 0;
-    }
+    if (rc >= 1 && rc <= 3)
+        return answer_info_args(rc, doc);
     if (rc) {
         fprintf(stderr, "llmsd: %s\n", err);
         return 2;
@@ -249,7 +319,6 @@ int main(int argc, char **argv)
     connbudget *budget = NULL;
     http *gw = NULL;
     struct event_base *base = NULL;
-    struct event *sigterm = NULL, *sigint = NULL, *sighup = NULL;
     loop_state ls = {0};
 
     gguf_load load = strcmp(cfg.model_load, "copy") == 0 ? GGUF_LOAD_COPY : GGUF_LOAD_MAP;
@@ -300,59 +369,14 @@ int main(int argc, char **argv)
         /* before the worker owns the store and before the loop answers a request */
         respload(st, http_respstore(gw), &cfg);
     }
-    /* the signals belong to the loop before the sockets listen: a stop sent as soon as a
-     * client can connect (systemd, a test) is a clean shutdown, not SIGTERM's default
-     * action killing the daemon mid-start */
-    struct sigaction outside = {.sa_handler = on_signal_outside_loop};
-    sigemptyset(&outside.sa_mask);
-    if (sigaction(SIGTERM, &outside, NULL) || sigaction(SIGINT, &outside, NULL) ||
-        sigaction(SIGHUP, &outside, NULL)) {
-        fprintf(stderr, "llmsd: sigaction: %s\n", strerror(errno));
+    if (install_loop_signals(base, &ls))
         goto out;
-    }
-    sigterm = evsignal_new(base, SIGTERM, on_signal, &ls);
-    sigint = evsignal_new(base, SIGINT, on_signal, &ls);
-    sighup = evsignal_new(base, SIGHUP, on_reload, &ls);
-    ls.status = event_new(base, -1, EV_PERSIST, on_status, &ls);
-    struct timeval status_tv = {STATUS_SECONDS, 0};
-    if (!sigterm || !sigint || !sighup || !ls.status || evsignal_add(sigterm, NULL) ||
-        evsignal_add(sigint, NULL) || evsignal_add(sighup, NULL) ||
-        event_add(ls.status, &status_tv)) {
-        fprintf(stderr, "llmsd: libevent setup failed\n");
-        goto out;
-    }
-    if (stop_outside_loop)
-        event_active(stop_outside_loop == SIGINT ? sigint : sigterm, EV_SIGNAL, 1);
-    if (server_listen(ls.srv, err)) {
+    if (server_listen(ls.srv, err) || sched_start(sch, err)) {
         fprintf(stderr, "llmsd: %s\n", err);
         goto out;
     }
-    if (sched_start(sch, err)) {
-        fprintf(stderr, "llmsd: %s\n", err);
-        goto out;
-    }
-    uint64_t wd = notify_watchdog_usec();
-    if (wd) {
-        struct timeval tv = {(time_t)(wd / 2 / 1000000), (suseconds_t)(wd / 2 % 1000000)};
-        ls.watchdog = event_new(base, -1, EV_PERSIST, on_watchdog, NULL);
-        if (ls.watchdog)
-            event_add(ls.watchdog, &tv);
-    }
-    for (const models_entry *e = models_first(reg); e; e = e->next) {
-        /* an embed model's pooling, so a wrong pooling_type shows before its vectors do */
-        int pool = e->m ? model_hparams_of(e->m)->pooling_type : -1;
-        static const char *const pool_names[] = {"none", "mean", "cls", "last", "rank"};
-        fprintf(stderr, "llmsd: model '%s': %s%s%s (%s %s)%s%s%s%s\n", e->name,
-                e->base ? e->base->name : e->path, e->base ? " with the adapters " : "",
-                e->base ? e->lora_spec : "", e->arch, models_type_name(e->type),
-                e == gen ? ", generates (the default)" : e->roles & MODELS_GENERATE ? ", generates" : "",
-                e->roles & MODELS_DRAFT ? ", drafts" : "",
-                (e->roles & ~e->fallback & MODELS_EMBED) ? ", embeds, pooling " : "",
-                !(e->roles & ~e->fallback & MODELS_EMBED) ? ""
-                : e->enc                                  ? "as the encoder's file says"
-                : pool >= 0                               ? pool_names[pool]
-                                                          : "not set in the file");
-    }
+    start_watchdog(base, &ls);
+    log_models(reg, gen);
     fprintf(stderr, "llmsd: model %s (%s template), n_ctx %d, %u contexts, listening on %s\n",
             gen->path, chat_family_name(family), cfg.n_ctx, sched_n_contexts(sch), cfg.socket);
     notify_ready();
@@ -366,16 +390,11 @@ out:
     sched_free(sch);
     server_free(ls.srv);
     connbudget_free(budget);
-    if (ls.watchdog)
-        event_free(ls.watchdog);
-    if (ls.status)
-        event_free(ls.status);
-    if (sigterm)
-        event_free(sigterm);
-    if (sigint)
-        event_free(sigint);
-    if (sighup)
-        event_free(sighup);
+    free_event(ls.watchdog);
+    free_event(ls.status);
+    free_event(ls.sigterm);
+    free_event(ls.sigint);
+    free_event(ls.sighup);
     if (base)
         event_base_free(base);
     outq_free(out);
