@@ -1064,216 +1064,235 @@ static int cmd_graph(llms_conn *c, int argc, char **argv, const llms_params *p,
     return 0;
 }
 
-int main(int argc, char **argv)
-{
-    const char *socket_path = NULL, *app = NULL, *context = NULL, *system = NULL;
-    const char *query = NULL, *file = NULL;
+/* What the command line asks for. */
+typedef struct cli {
+    const char *socket_path, *app, *context, *system, *query, *file, *embed_model;
     /* --schema or --grammar: the file, the option and the format it asks for */
-    const char *format_file = NULL, *format_option = NULL;
-    enum llms_format file_format = LLMS_FORMAT_DEFAULT;
-    int json = 0, share_uid = 0;
-    enum llms_overflow overflow = LLMS_OVERFLOW_DEFAULT;
-    enum llms_pooling pooling = LLMS_POOLING_MODEL;
-    const char *speculate_value = NULL;
-    const char *embed_model = NULL;
-    enum llms_speculate spec = LLMS_SPECULATE_DEFAULT;
+    const char *format_file, *format_option;
+    enum llms_format file_format;
+    int json, share_uid;
+    enum llms_overflow overflow;
+    enum llms_pooling pooling;
+    const char *speculate_value; /* --speculate as given: a graph's or a generation's */
+    enum llms_speculate spec;
     llms_rerank_options ro;
-    llms_rerank_options_init(&ro);
     llms_params p;
-    llms_params_init(&p);
-    char **pos = calloc((size_t)argc + 1, sizeof *pos);
-    const char **opts = calloc((size_t)argc + 1, sizeof *opts);
-    int npos = 0, nopts = 0;
-    if (!pos || !opts) {
-        free(pos);
-        free(opts);
-        return 1;
+    char **pos;                  /* (npos) the command and its arguments */
+    int npos;
+    const char **opts;           /* (nopts) the options given, to check they apply */
+    int nopts;
+} cli;
+
+/* Sets the option a that takes the value v. */
+static void read_option(cli *o, const char *a, const char *v)
+{
+    llms_params *p = &o->p;
+    if (!strcmp(a, "-q") || !strcmp(a, "--query"))
+        o->query = v;
+    else if (!strcmp(a, "-k") || !strcmp(a, "--top-k"))
+        o->ro.top_k = (uint32_t)integer(a, v, 1, UINT32_MAX);
+    else if (!strcmp(a, "--pooling")) {
+        if (strcmp(v, "last") && strcmp(v, "mean") && strcmp(v, "cls"))
+            bad_usage("--pooling: expected last, mean or cls, got '%s'", v);
+        o->pooling = !strcmp(v, "mean")  ? LLMS_POOLING_MEAN
+                     : !strcmp(v, "cls") ? LLMS_POOLING_CLS
+                                         : LLMS_POOLING_LAST;
+    } else if (!strcmp(a, "--speculate")) {
+        /* graph runs speculate on their inputs, generations on their tokens */
+        if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "lookup") && strcmp(v, "draft") &&
+            strcmp(v, "both"))
+            bad_usage("--speculate: expected on or off (graph), off, lookup, draft or both "
+                      "(ask, chat, rag), got '%s'", v);
+        o->spec = !strcmp(v, "on") ? LLMS_SPECULATE_ON : LLMS_SPECULATE_OFF;
+        o->speculate_value = v;
+    } else if (!strcmp(a, "--format")) {
+        if (strcmp(v, "text") && strcmp(v, "json"))
+            bad_usage("--format: expected text or json, got '%s'", v);
+        p->format = !strcmp(v, "json") ? LLMS_FORMAT_JSON_OBJECT : LLMS_FORMAT_TEXT;
+    } else if (!strcmp(a, "--schema") || !strcmp(a, "--grammar")) {
+        if (o->format_option && strcmp(o->format_option, a))
+            bad_usage("--schema and --grammar: give one of them");
+        o->format_file = v;
+        o->format_option = a;
+        o->file_format = !strcmp(a, "--schema") ? LLMS_FORMAT_JSON_SCHEMA : LLMS_FORMAT_GRAMMAR;
+    } else if (!strcmp(a, "--mode")) {
+        if (strcmp(v, "set") && strcmp(v, "ordered"))
+            bad_usage("--mode: expected set or ordered, got '%s'", v);
+        o->ro.mode = !strcmp(v, "ordered") ? LLMS_RERANK_ORDERED : LLMS_RERANK_SET;
+    } else if (!strcmp(a, "--threshold"))
+        o->ro.cv_threshold = (float)number(a, v);
+    else if (!strcmp(a, "--precision")) {
+        double x = number(a, v);
+        if (!(x > 0 && x <= 1))
+            bad_usage("--precision: %s is outside (0, 1]", v);
+        o->ro.target_precision = (float)x;
+    } else if (!strcmp(a, "--socket"))
+        o->socket_path = v;
+    else if (!strcmp(a, "--app"))
+        o->app = v;
+    else if (!strcmp(a, "--context"))
+        o->context = v;
+    else if (!strcmp(a, "--overflow")) {
+        if (strcmp(v, "window") && strcmp(v, "refuse"))
+            bad_usage("--overflow: expected window or refuse, got '%s'", v);
+        o->overflow = !strcmp(v, "refuse") ? LLMS_OVERFLOW_REFUSE : LLMS_OVERFLOW_WINDOW;
+    } else if (!strcmp(a, "--system"))
+        o->system = v;
+    else if (!strcmp(a, "--model"))
+        p->model = o->ro.model = v;
+    else if (!strcmp(a, "--embed-model"))
+        o->embed_model = v;
+    else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
+        o->file = v;
+    else if (!strcmp(a, "--temp")) {
+        double t = number(a, v);
+        if (t < 0 || t > 100)
+            bad_usage("--temp: %s is outside [0, 100]", v);
+        p->temperature = (float)t;
+    } else if (!strcmp(a, "--max-tokens"))
+        p->max_tokens = (int32_t)integer(a, v, 1, MAX_TOKENS_LIMIT);
+    else {
+        p->seed = (uint64_t)integer(a, v, 0, UINT64_MAX);
+        p->has_seed = 1;
     }
+}
+
+/* Reads argv into o (o->pos and o->opts have room for argc entries); a wrong option
+ * exits through bad_usage. 1: --help or --version, answered. */
+static int parse_command_line(int argc, char **argv, cli *o)
+{
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        int help = !strcmp(a, "-h") || !strcmp(a, "--help"), version = !strcmp(a, "--version");
-        if (help || version) {
-            if (help)
-                usage();
-            else
-                printf("llms %s\n", LLMS_VERSION);
-            free(pos);
-            free(opts);
-            return 0;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage();
+            return 1;
+        }
+        if (!strcmp(a, "--version")) {
+            printf("llms %s\n", LLMS_VERSION);
+            return 1;
         }
         if (a[0] != '-' || !strcmp(a, "-")) {
-            pos[npos++] = argv[i];
+            o->pos[o->npos++] = argv[i];
             continue;
         }
         /* as getopt's: what follows is arguments, a prompt starting with '-' too */
         if (!strcmp(a, "--")) {
             while (++i < argc)
-                pos[npos++] = argv[i];
+                o->pos[o->npos++] = argv[i];
             break;
         }
-        opts[nopts++] = a;
-        if (!strcmp(a, "--json")) {
-            json = 1;
-            continue;
-        }
-        if (!strcmp(a, "--share-uid")) {
-            share_uid = 1;
-            continue;
-        }
-        if (!takes_value(a))
+        o->opts[o->nopts++] = a;
+        if (!strcmp(a, "--json"))
+            o->json = 1;
+        else if (!strcmp(a, "--share-uid"))
+            o->share_uid = 1;
+        else if (!takes_value(a))
             bad_usage("unknown option '%s'", a);
-        if (i + 1 >= argc)
+        else if (i + 1 >= argc)
             bad_usage("%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "-q") || !strcmp(a, "--query"))
-            query = v;
-        else if (!strcmp(a, "-k") || !strcmp(a, "--top-k"))
-            ro.top_k = (uint32_t)integer(a, v, 1, UINT32_MAX);
-        else if (!strcmp(a, "--pooling")) {
-            if (strcmp(v, "last") && strcmp(v, "mean") && strcmp(v, "cls"))
-                bad_usage("--pooling: expected last, mean or cls, got '%s'", v);
-            pooling = !strcmp(v, "mean")  ? LLMS_POOLING_MEAN
-                      : !strcmp(v, "cls") ? LLMS_POOLING_CLS
-                                          : LLMS_POOLING_LAST;
-        } else if (!strcmp(a, "--speculate")) {
-            /* graph runs speculate on their inputs, generations on their tokens */
-            if (strcmp(v, "on") && strcmp(v, "off") && strcmp(v, "lookup") &&
-                strcmp(v, "draft") && strcmp(v, "both"))
-                bad_usage("--speculate: expected on or off (graph), off, lookup, draft or both "
-                          "(ask, chat, rag), got '%s'", v);
-            spec = !strcmp(v, "on") ? LLMS_SPECULATE_ON : LLMS_SPECULATE_OFF;
-            speculate_value = v;
-        } else if (!strcmp(a, "--format")) {
-            if (strcmp(v, "text") && strcmp(v, "json"))
-                bad_usage("--format: expected text or json, got '%s'", v);
-            p.format = !strcmp(v, "json") ? LLMS_FORMAT_JSON_OBJECT : LLMS_FORMAT_TEXT;
-        } else if (!strcmp(a, "--schema") || !strcmp(a, "--grammar")) {
-            if (format_option && strcmp(format_option, a))
-                bad_usage("--schema and --grammar: give one of them");
-            format_file = v;
-            format_option = a;
-            file_format = !strcmp(a, "--schema") ? LLMS_FORMAT_JSON_SCHEMA : LLMS_FORMAT_GRAMMAR;
-        } else if (!strcmp(a, "--mode")) {
-            if (strcmp(v, "set") && strcmp(v, "ordered"))
-                bad_usage("--mode: expected set or ordered, got '%s'", v);
-            ro.mode = !strcmp(v, "ordered") ? LLMS_RERANK_ORDERED : LLMS_RERANK_SET;
-        } else if (!strcmp(a, "--threshold"))
-            ro.cv_threshold = (float)number(a, v);
-        else if (!strcmp(a, "--precision")) {
-            double x = number(a, v);
-            if (!(x > 0 && x <= 1))
-                bad_usage("--precision: %s is outside (0, 1]", v);
-            ro.target_precision = (float)x;
-        } else if (!strcmp(a, "--socket"))
-            socket_path = v;
-        else if (!strcmp(a, "--app"))
-            app = v;
-        else if (!strcmp(a, "--context"))
-            context = v;
-        else if (!strcmp(a, "--overflow")) {
-            if (strcmp(v, "window") && strcmp(v, "refuse"))
-                bad_usage("--overflow: expected window or refuse, got '%s'", v);
-            overflow = !strcmp(v, "refuse") ? LLMS_OVERFLOW_REFUSE : LLMS_OVERFLOW_WINDOW;
-        }
-        else if (!strcmp(a, "--system"))
-            system = v;
-        else if (!strcmp(a, "--model"))
-            p.model = ro.model = v;
-        else if (!strcmp(a, "--embed-model"))
-            embed_model = v;
-        else if (!strcmp(a, "-f") || !strcmp(a, "--file"))
-            file = v;
-        else if (!strcmp(a, "--temp")) {
-            double t = number(a, v);
-            if (t < 0 || t > 100)
-                bad_usage("--temp: %s is outside [0, 100]", v);
-            p.temperature = (float)t;
-        } else if (!strcmp(a, "--max-tokens"))
-            p.max_tokens = (int32_t)integer(a, v, 1, MAX_TOKENS_LIMIT);
-        else {
-            p.seed = (uint64_t)integer(a, v, 0, UINT64_MAX);
-            p.has_seed = 1;
-        }
+        else
+            read_option(o, a, argv[++i]);
     }
-    check_command(pos, npos, query, file);
-    for (int i = 0; i < nopts; i++) {
-        const char *applies = option_commands(opts[i]);
-        if (applies && !has_word(applies, pos[0]))
-            bad_usage("%s: %s does not apply (only to %s)", pos[0], opts[i], applies);
+    return 0;
+}
+
+/* Refuses what the command does not take and the options that exclude each other; sets
+ * a generation's speculation. */
+static void check_options(cli *o)
+{
+    const char *cmd = o->pos[0];
+    for (int i = 0; i < o->nopts; i++) {
+        const char *applies = option_commands(o->opts[i]);
+        if (applies && !has_word(applies, cmd))
+            bad_usage("%s: %s does not apply (only to %s)", cmd, o->opts[i], applies);
     }
-    if (context && system)
+    if (o->context && o->system)
         bad_usage("chat: --system sets up a new chat; a --context one has its own");
-    if (context && overflow != LLMS_OVERFLOW_DEFAULT)
+    if (o->context && o->overflow != LLMS_OVERFLOW_DEFAULT)
         bad_usage("chat: --overflow sets up a new chat; a --context one has its own");
-    if (context && p.model)
+    if (o->context && o->p.model)
         bad_usage("chat: --model sets up a new chat; a --context one has its own");
-    int graph = !strcmp(pos[0], "graph");
-    if (speculate_value && (graph ? strcmp(speculate_value, "on") && strcmp(speculate_value, "off")
-                                  : !strcmp(speculate_value, "on")))
+    const char *sv = o->speculate_value;
+    int graph = !strcmp(cmd, "graph");
+    if (sv && (graph ? strcmp(sv, "on") && strcmp(sv, "off") : !strcmp(sv, "on")))
         bad_usage("%s: --speculate %s does not apply (graph: on or off; ask, chat, rag: off, "
-                  "lookup, draft or both)", pos[0], speculate_value);
-    if (speculate_value && !graph)
-        p.speculation = !strcmp(speculate_value, "lookup") ? LLMS_SPECULATION_LOOKUP
-                        : !strcmp(speculate_value, "draft") ? LLMS_SPECULATION_DRAFT
-                        : !strcmp(speculate_value, "both")  ? LLMS_SPECULATION_BOTH
-                                                            : LLMS_SPECULATION_OFF;
-    if (format_file && p.format != LLMS_FORMAT_DEFAULT)
-        bad_usage("%s: %s and --format: give one of them", pos[0], format_option);
-    free(opts);
+                  "lookup, draft or both)", cmd, sv);
+    if (sv && !graph)
+        o->p.speculation = !strcmp(sv, "lookup")  ? LLMS_SPECULATION_LOOKUP
+                           : !strcmp(sv, "draft") ? LLMS_SPECULATION_DRAFT
+                           : !strcmp(sv, "both")  ? LLMS_SPECULATION_BOTH
+                                                  : LLMS_SPECULATION_OFF;
+    if (o->format_file && o->p.format != LLMS_FORMAT_DEFAULT)
+        bad_usage("%s: %s and --format: give one of them", cmd, o->format_option);
+}
 
-    char *format_owned = NULL;
-    if (format_file) {
-        if (!(format_owned = read_file(format_file))) {
-            free(pos);
-            return 1;
-        }
-        p.format = file_format;
-        if (file_format == LLMS_FORMAT_JSON_SCHEMA)
-            p.json_schema = format_owned;
-        else
-            p.grammar = format_owned;
-    }
-    char *prompt_owned = NULL;
+/* Runs the command on a bound connection. */
+static int run_command(llms_conn *c, cli *o, const char *prompt)
+{
+    const char *cmd = o->pos[0];
+    char **args = o->pos + 1;
+    int n_args = o->npos - 1;
+    if (!strcmp(cmd, "ask"))
+        return cmd_ask(c, &o->p, prompt, o->system);
+    if (!strcmp(cmd, "chat"))
+        return cmd_chat(c, &o->p, o->context, o->system, o->overflow);
+    if (!strcmp(cmd, "embed"))
+        return cmd_embed(c, o->p.model, args, n_args, o->pooling, o->json);
+    if (!strcmp(cmd, "rerank"))
+        return cmd_rerank(c, o->query, args, n_args, &o->ro, o->json);
+    if (!strcmp(cmd, "kb"))
+        return cmd_kb(c, n_args, args, o->share_uid, o->embed_model);
+    if (!strcmp(cmd, "rag"))
+        return cmd_rag(c, args[0], args[1], o->ro.top_k, o->system, &o->p, o->json,
+                       o->share_uid);
+    if (!strcmp(cmd, "graph"))
+        return cmd_graph(c, n_args, args, &o->p, o->spec, o->json);
+    return cmd_ctx(c, n_args, args);
+}
+
+int main(int argc, char **argv)
+{
+    cli o = {.file_format = LLMS_FORMAT_DEFAULT,
+             .overflow = LLMS_OVERFLOW_DEFAULT,
+             .pooling = LLMS_POOLING_MODEL,
+             .spec = LLMS_SPECULATE_DEFAULT};
+    llms_rerank_options_init(&o.ro);
+    llms_params_init(&o.p);
+    o.pos = calloc((size_t)argc + 1, sizeof *o.pos);
+    o.opts = calloc((size_t)argc + 1, sizeof *o.opts);
+    char *format_owned = NULL, *prompt_owned = NULL;
     const char *prompt = NULL;
-    if (!strcmp(pos[0], "ask") && !(prompt = ask_prompt(npos == 2 ? pos[1] : NULL, file,
-                                                        &prompt_owned))) {
-        free(format_owned);
-        free(pos);
-        return 1;
-    }
-
-    llms_conn *c;
+    llms_conn *c = NULL;
     char err[LLMS_ERROR_MAX];
-    if (llms_connect(socket_path, &c, err) != LLMS_OK) {
-        fprintf(stderr, "llms: %s\n", err);
-        free(prompt_owned);
-        free(format_owned);
-        free(pos);
-        return 1;
+    int rc = 1;
+    if (!o.pos || !o.opts)
+        goto out;
+    if (parse_command_line(argc, argv, &o)) {
+        rc = 0;
+        goto out;
     }
-    int rc = report(c, llms_bind(c, app), "bind");
-    if (rc == 0) {
-        if (!strcmp(pos[0], "ask"))
-            rc = cmd_ask(c, &p, prompt, system);
-        else if (!strcmp(pos[0], "chat"))
-            rc = cmd_chat(c, &p, context, system, overflow);
-        else if (!strcmp(pos[0], "embed"))
-            rc = cmd_embed(c, p.model, pos + 1, npos - 1, pooling, json);
-        else if (!strcmp(pos[0], "rerank"))
-            rc = cmd_rerank(c, query, pos + 1, npos - 1, &ro, json);
-        else if (!strcmp(pos[0], "kb"))
-            rc = cmd_kb(c, npos - 1, pos + 1, share_uid, embed_model);
-        else if (!strcmp(pos[0], "rag"))
-            rc = cmd_rag(c, pos[1], pos[2], ro.top_k, system, &p, json, share_uid);
-        else if (!strcmp(pos[0], "graph"))
-            rc = cmd_graph(c, npos - 1, pos + 1, &p, spec, json);
+    check_command(o.pos, o.npos, o.query, o.file);
+    check_options(&o);
+    if (o.format_file) {
+        if (!(format_owned = read_file(o.format_file)))
+            goto out;
+        o.p.format = o.file_format;
+        if (o.file_format == LLMS_FORMAT_JSON_SCHEMA)
+            o.p.json_schema = format_owned;
         else
-            rc = cmd_ctx(c, npos - 1, pos + 1);
+            o.p.grammar = format_owned;
     }
+    if (!strcmp(o.pos[0], "ask") &&
+        !(prompt = ask_prompt(o.npos == 2 ? o.pos[1] : NULL, o.file, &prompt_owned)))
+        goto out;
+    if (llms_connect(o.socket_path, &c, err) != LLMS_OK) {
+        fprintf(stderr, "llms: %s\n", err);
+        goto out;
+    }
+    rc = report(c, llms_bind(c, o.app), "bind");
+    if (rc == 0)
+        rc = run_command(c, &o, prompt);
     llms_close(c);
-    free(prompt_owned);
-    free(format_owned);
-    free(pos);
     /* Output that could not be written (a full disk, a closed stdout) is a failure, as for
      * any Unix filter: a caller reading the status must not take a lost reply for one. */
     int flushed = fflush(stdout);
@@ -1283,5 +1302,10 @@ int main(int argc, char **argv)
         if (rc == 0)
             rc = 1;
     }
+out:
+    free(prompt_owned);
+    free(format_owned);
+    free(o.pos);
+    free(o.opts);
     return rc;
 }
