@@ -900,6 +900,71 @@ static void check_command(char **pos, int npos)
     bad_usage("unknown command '%s'", pos[0]);
 }
 
+/* Sets the option a that takes the value v. */
+static void read_option(const char *a, const char *v, const char **socket_path)
+{
+    char *end;
+    if (!strcmp(a, "--socket")) {
+        *socket_path = v;
+    } else if (!strcmp(a, "--precision")) {
+        calib_precision = strtof(v, &end);
+        if (*end || end == v || !(calib_precision > 0 && calib_precision <= 1))
+            bad_usage("--precision: expected a number in (0, 1], got '%s'", v);
+    } else if (!strcmp(a, "--prompt-tokens")) {
+        errno = 0;
+        plan_tokens = strtol(v, &end, 10);
+        if (errno || *end || end == v || plan_tokens < 1 || plan_tokens > INT32_MAX)
+            bad_usage("--prompt-tokens: expected an integer from 1 to %d, got '%s'",
+                      INT32_MAX, v);
+    } else if (!strcmp(a, "--model")) {
+        plan_model = v;
+    } else if (!strcmp(a, "--uid")) {
+        errno = 0;
+        long u = strtol(v, &end, 10);
+        if (errno || *end || end == v || u < 0 || u > (long)UINT32_MAX)
+            bad_usage("--uid: expected a uid (a number), got '%s'", v);
+        cache_owner.uid = (uint32_t)u;
+        cache_named |= 2;
+    } else if (!strcmp(a, "--app")) {
+        cache_owner.app = v;
+        cache_named |= 4;
+    } else if (!strcmp(a, "-k")) {
+        errno = 0;
+        long k = strtol(v, &end, 10);
+        if (errno || *end || end == v || k < 1 || k > INT32_MAX)
+            bad_usage("-k: expected an integer from 1 to %d, got '%s'", INT32_MAX, v);
+        calib_k = (uint32_t)k;
+    } else {
+        if (strcmp(v, "set") && strcmp(v, "ordered"))
+            bad_usage("--mode: expected set or ordered, got '%s'", v);
+        calib_mode = !strcmp(v, "ordered") ? LLMS_RERANK_ORDERED : LLMS_RERANK_SET;
+    }
+}
+
+/* The exit status of a command that ended with s (err: why, when not LLMS_OK); a failure
+ * is told on stderr, and with --json as a JSON error on stdout too. A listing that could
+ * not be written (a full disk, a closed stdout) is a failure, as llms's output is. */
+static int exit_status(enum llms_status s, const char *err)
+{
+    int flushed = fflush(stdout);
+    if (s == LLMS_OK && (flushed != 0 || ferror(stdout))) {
+        fprintf(stderr, "llmsctl: writing the output failed%s%s\n", flushed ? ": " : "",
+                flushed ? strerror(errno) : "");
+        return 1;
+    }
+    if (s == LLMS_OK)
+        return 0;
+    if (json) {
+        fputs("{\"error\":{\"code\":", stdout);
+        json_str(llms_status_name(s));
+        fputs(",\"message\":", stdout);
+        json_str(err);
+        fputs("}}\n", stdout);
+    }
+    fprintf(stderr, "llmsctl: %s (%s)\n", err, llms_status_name(s));
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     const char *socket_path = NULL;
@@ -909,7 +974,6 @@ int main(int argc, char **argv)
         oom();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        char *end;
         int help = !strcmp(a, "-h") || !strcmp(a, "--help"), version = !strcmp(a, "--version");
         if (help || version) {
             if (help)
@@ -938,42 +1002,7 @@ int main(int argc, char **argv)
             bad_usage("unknown option '%s'", a);
         if (i + 1 >= argc)
             bad_usage("%s needs a value", a);
-        const char *v = argv[++i];
-        if (!strcmp(a, "--socket")) {
-            socket_path = v;
-        } else if (!strcmp(a, "--precision")) {
-            calib_precision = strtof(v, &end);
-            if (*end || end == v || !(calib_precision > 0 && calib_precision <= 1))
-                bad_usage("--precision: expected a number in (0, 1], got '%s'", v);
-        } else if (!strcmp(a, "--prompt-tokens")) {
-            errno = 0;
-            plan_tokens = strtol(v, &end, 10);
-            if (errno || *end || end == v || plan_tokens < 1 || plan_tokens > INT32_MAX)
-                bad_usage("--prompt-tokens: expected an integer from 1 to %d, got '%s'",
-                          INT32_MAX, v);
-        } else if (!strcmp(a, "--model")) {
-            plan_model = v;
-        } else if (!strcmp(a, "--uid")) {
-            errno = 0;
-            long u = strtol(v, &end, 10);
-            if (errno || *end || end == v || u < 0 || u > (long)UINT32_MAX)
-                bad_usage("--uid: expected a uid (a number), got '%s'", v);
-            cache_owner.uid = (uint32_t)u;
-            cache_named |= 2;
-        } else if (!strcmp(a, "--app")) {
-            cache_owner.app = v;
-            cache_named |= 4;
-        } else if (!strcmp(a, "-k")) {
-            errno = 0;
-            long k = strtol(v, &end, 10);
-            if (errno || *end || end == v || k < 1 || k > INT32_MAX)
-                bad_usage("-k: expected an integer from 1 to %d, got '%s'", INT32_MAX, v);
-            calib_k = (uint32_t)k;
-        } else {
-            if (strcmp(v, "set") && strcmp(v, "ordered"))
-                bad_usage("--mode: expected set or ordered, got '%s'", v);
-            calib_mode = !strcmp(v, "ordered") ? LLMS_RERANK_ORDERED : LLMS_RERANK_SET;
-        }
+        read_option(a, argv[++i], &socket_path);
     }
     check_command(pos, npos);
     int calibrate = !strcmp(pos[0], "rerank-calibrate");
@@ -994,23 +1023,5 @@ int main(int argc, char **argv)
     }
     free_sets();
     free(pos);
-    /* A listing that could not be written (a full disk, a closed stdout) is a failure, as
-     * llms's output is. */
-    int flushed = fflush(stdout);
-    if (s == LLMS_OK && (flushed != 0 || ferror(stdout))) {
-        fprintf(stderr, "llmsctl: writing the output failed%s%s\n", flushed ? ": " : "",
-                flushed ? strerror(errno) : "");
-        return 1;
-    }
-    if (s == LLMS_OK)
-        return 0;
-    if (json) {
-        fputs("{\"error\":{\"code\":", stdout);
-        json_str(llms_status_name(s));
-        fputs(",\"message\":", stdout);
-        json_str(err);
-        fputs("}}\n", stdout);
-    }
-    fprintf(stderr, "llmsctl: %s (%s)\n", err, llms_status_name(s));
-    return 1;
+    return exit_status(s, err);
 }
