@@ -4,8 +4,8 @@
  * template family (openai_render_chat, jsonfield_message_content) with its
  * chat_template_kwargs and reasoning_format (openai_read_thinking), the prompt scanned
  * for tool calls and split into reasoning and content as if it were a reply
- * (toolcall_scan_feed, openai_split_whole), and the last message
- * read as a context's turn, as daemon/net/openai.c does for a client on its TCP port;
+ * (toolcall_scan_feed, openai_split_whole), and the last message read as a context's
+ * turn (context_turn), as daemon/net/openai.c does for a client on its TCP port;
  * then read as a Responses body (responses_chat_body), and the chat made of it read the
  * same way. openai.c's functions are static, so this file includes openai.c itself; a
  * refusal must come with a message, and nothing may crash or leak. */
@@ -69,13 +69,10 @@ static void read_chat(json_object *body, enum chat_family family)
             abort();
         free(prompt);
         msg[0] = '\0';
-        json_object *last = json_object_array_get_idx(msgs, json_object_array_length(msgs) - 1);
-        if (json_object_is_type(last, json_type_object)) {
-            char *owned;
-            if (!jsonfield_message_content(last, &owned, msg, sizeof msg) && !msg[0])
-                abort();
-            free(owned);
-        }
+        char *turn = NULL;
+        if (context_turn(msgs, &turn, msg, sizeof msg) < 0 && !msg[0])
+            abort();
+        free(turn);
     }
     toolcall_scan_free(hr.scan);
     toolcall_set_free(&hr.tools);
