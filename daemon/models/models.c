@@ -648,10 +648,72 @@ static int add_shorthand(models *r, const char *key, const char *path, unsigned 
     return 0;
 }
 
+/* The settings' model.NAME lines, each with its roles (or its kind's), none sharing a
+ * name or a file with another. */
+static int add_named_models(models *r, const config *cfg, char err[ERR_MAX])
+{
+    char why[ERR_MAX];
+    for (int i = 0; i < cfg->n_models; i++) {
+        const config_model *cm = &cfg->models[i];
+        unsigned roles;
+        models_entry *e;
+        if (models_parse_roles(cm->roles, &roles, why) < 0) {
+            err_set(err, "model.%s: %s", cm->name, why);
+            return -1;
+        }
+        if (find_name(r, cm->name)) {
+            err_set(err, "model.%s: the name is taken (a shorthand key's file name)", cm->name);
+            return -1;
+        }
+        if ((e = find_file(r, cm->path))) {
+            err_set(err, "model.%s: %s is model '%s' already (a file is mapped once: give "
+                         "that model every role)", cm->name, cm->path, e->name);
+            return -1;
+        }
+        if (!(e = entry_new(cm->name, cm->path, why))) {
+            err_set(err, "model.%s: %s", cm->name, why);
+            return -1;
+        }
+        e->roles = roles ? roles : kind_roles(e->type, true);
+        append(r, e);
+        if (roles_fit(e, e->roles, why) < 0) {
+            err_set(err, "model.%s: %s", cm->name, why);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* The settings' lora.NAME lines: adapter models over models already listed. */
+static int add_adapter_models(models *r, const config *cfg, char err[ERR_MAX])
+{
+    char why[ERR_MAX];
+    for (int i = 0; i < cfg->n_loras; i++) {
+        const config_lora *cl = &cfg->loras[i];
+        models_entry *e, *base = find_name(r, cl->base);
+        char names[512];
+        if (find_name(r, cl->name)) {
+            err_set(err, "lora.%s: the name is taken by another model", cl->name);
+            return -1;
+        }
+        if (!base) {
+            list_names(r, names, sizeof names);
+            err_set(err, "lora.%s: no model '%s' to be its base (models: %s)", cl->name,
+                    cl->base, names);
+            return -1;
+        }
+        if (!(e = lora_entry_new(cl->name, base, cl->adapters, why))) {
+            err_set(err, "lora.%s: %s", cl->name, why);
+            return -1;
+        }
+        append(r, e);
+    }
+    return 0;
+}
+
 models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
 {
     models *r = calloc(1, sizeof *r);
-    char why[ERR_MAX];
     if (!r) {
         err_set(err, "out of memory");
         return NULL;
@@ -670,55 +732,9 @@ models *models_open(const config *cfg, gguf_load load, char err[ERR_MAX])
         (cfg->rerank_model[0] &&
          add_shorthand(r, "rerank_model", cfg->rerank_model, MODELS_RERANK, 0, err) < 0))
         goto fail;
-    for (int i = 0; i < cfg->n_models; i++) {
-        const config_model *cm = &cfg->models[i];
-        unsigned roles;
-        models_entry *e;
-        if (models_parse_roles(cm->roles, &roles, why) < 0) {
-            err_set(err, "model.%s: %s", cm->name, why);
-            goto fail;
-        }
-        if (find_name(r, cm->name)) {
-            err_set(err, "model.%s: the name is taken (a shorthand key's file name)", cm->name);
-            goto fail;
-        }
-        if ((e = find_file(r, cm->path))) {
-            err_set(err, "model.%s: %s is model '%s' already (a file is mapped once: give "
-                         "that model every role)", cm->name, cm->path, e->name);
-            goto fail;
-        }
-        if (!(e = entry_new(cm->name, cm->path, why))) {
-            err_set(err, "model.%s: %s", cm->name, why);
-            goto fail;
-        }
-        e->roles = roles ? roles : kind_roles(e->type, true);
-        append(r, e);
-        if (roles_fit(e, e->roles, why) < 0) {
-            err_set(err, "model.%s: %s", cm->name, why);
-            goto fail;
-        }
-    }
     /* adapter models last: their bases are known, and opened before them */
-    for (int i = 0; i < cfg->n_loras; i++) {
-        const config_lora *cl = &cfg->loras[i];
-        models_entry *e, *base = find_name(r, cl->base);
-        char names[512];
-        if (find_name(r, cl->name)) {
-            err_set(err, "lora.%s: the name is taken by another model", cl->name);
-            goto fail;
-        }
-        if (!base) {
-            list_names(r, names, sizeof names);
-            err_set(err, "lora.%s: no model '%s' to be its base (models: %s)", cl->name,
-                    cl->base, names);
-            goto fail;
-        }
-        if (!(e = lora_entry_new(cl->name, base, cl->adapters, why))) {
-            err_set(err, "lora.%s: %s", cl->name, why);
-            goto fail;
-        }
-        append(r, e);
-    }
+    if (add_named_models(r, cfg, err) || add_adapter_models(r, cfg, err))
+        goto fail;
     if (!models_generate(r)) {
         err_set(err, "no generate model: set model = PATH or give a model.NAME line the "
                      "generate role");
