@@ -318,37 +318,18 @@ static bool list_has(const char *s, const char *token)
     return false;
 }
 
-/*
- * Takes the head (head_len bytes of the input, its blank line included) and splits it
- * in place: request line, then "Name: value" lines. 0, or the status it is refused with
- * (msg says why).
- */
-static int parse_head(httpwire_conn *c, size_t head_len, char *msg, size_t cap)
+/* Splits the request line (line, a C string) into method, target and version. 0, or the
+ * status it is refused with (msg says why). */
+static int parse_request_line(httpwire_conn *c, char *line, char *msg, size_t cap)
 {
-    struct evbuffer *in = bufferevent_get_input(c->bev);
-    char *h = malloc(head_len + 1);
-    if (!h) {
-        evbuffer_drain(in, head_len);
-        snprintf(msg, cap, "out of memory");
-        return 503;
-    }
-    evbuffer_remove(in, h, head_len);
-    h[head_len] = '\0';
-    c->head = h;
-    if (memchr(h, '\0', head_len)) { /* the splitting below works on C strings */
-        snprintf(msg, cap, "the request head has a NUL byte");
-        return 400;
-    }
-    char *eol = strstr(h, "\r\n");
-    *eol = '\0';
-    char *sp1 = strchr(h, ' ');
+    char *sp1 = strchr(line, ' ');
     char *sp2 = sp1 ? strchr(sp1 + 1, ' ') : NULL;
-    if (!sp1 || !sp2 || sp1 == h || sp2 == sp1 + 1) {
+    if (!sp1 || !sp2 || sp1 == line || sp2 == sp1 + 1) {
         snprintf(msg, cap, "the request line is not 'METHOD TARGET HTTP/1.1'");
         return 400;
     }
     *sp1 = *sp2 = '\0';
-    for (const char *p = h; *p; p++)
+    for (const char *p = line; *p; p++)
         if (!is_tchar((unsigned char)*p)) {
             snprintf(msg, cap, "the request line is not 'METHOD TARGET HTTP/1.1'");
             return 400;
@@ -367,9 +348,16 @@ static int parse_head(httpwire_conn *c, size_t head_len, char *msg, size_t cap)
         snprintf(msg, cap, "HTTP/1.1 or HTTP/1.0 only");
         return strncmp(version, "HTTP/", 5) == 0 ? 505 : 400;
     }
-    c->method = h;
+    c->method = line;
     c->target = sp1 + 1;
-    for (char *line = eol + 2; *line;) {
+    return 0;
+}
+
+/* Splits the header lines from line to the blank line (each ends in CRLF) into c->hdr,
+ * values trimmed. 0, or the status they are refused with (msg says why). */
+static int parse_header_lines(httpwire_conn *c, char *line, char *msg, size_t cap)
+{
+    while (*line) {
         char *e = strstr(line, "\r\n");
         *e = '\0';
         if (!*line)
@@ -400,6 +388,13 @@ static int parse_head(httpwire_conn *c, size_t head_len, char *msg, size_t cap)
         c->hdr[c->n_hdr++] = (header){line, v};
         line = e + 2;
     }
+    return 0;
+}
+
+/* The body's length from Content-Length (every such header the same number); a
+ * Transfer-Encoding is refused. 0, or the status (msg says why). */
+static int read_content_length(httpwire_conn *c, char *msg, size_t cap)
+{
     bool have_length = false;
     for (size_t i = 0; i < c->n_hdr; i++) {
         const header *x = &c->hdr[i];
@@ -427,6 +422,36 @@ static int parse_head(httpwire_conn *c, size_t head_len, char *msg, size_t cap)
         have_length = true;
         c->content_length = n;
     }
+    return 0;
+}
+
+/*
+ * Takes the head (head_len bytes of the input, its blank line included) and splits it
+ * in place: request line, then "Name: value" lines. 0, or the status it is refused with
+ * (msg says why).
+ */
+static int parse_head(httpwire_conn *c, size_t head_len, char *msg, size_t cap)
+{
+    struct evbuffer *in = bufferevent_get_input(c->bev);
+    char *h = malloc(head_len + 1);
+    if (!h) {
+        evbuffer_drain(in, head_len);
+        snprintf(msg, cap, "out of memory");
+        return 503;
+    }
+    evbuffer_remove(in, h, head_len);
+    h[head_len] = '\0';
+    c->head = h;
+    if (memchr(h, '\0', head_len)) { /* the splitting below works on C strings */
+        snprintf(msg, cap, "the request head has a NUL byte");
+        return 400;
+    }
+    char *eol = strstr(h, "\r\n");
+    *eol = '\0';
+    int status = parse_request_line(c, h, msg, cap);
+    if (status || (status = parse_header_lines(c, eol + 2, msg, cap)) ||
+        (status = read_content_length(c, msg, cap)))
+        return status;
     const char *conn = httpwire_header(c, "Connection");
     if (c->http10 || (conn && list_has(conn, "close")))
         c->close_after = true;
