@@ -1074,7 +1074,7 @@ typedef struct cli {
     enum llms_overflow overflow;
     enum llms_pooling pooling;
     const char *speculate_value; /* --speculate as given: a graph's or a generation's */
-    enum llms_speculate spec;
+    enum llms_speculate graph_spec; /* a graph's, from speculate_value */
     llms_rerank_options ro;
     llms_params p;
     char **pos;                  /* (npos) the command and its arguments */
@@ -1103,7 +1103,6 @@ static void read_option(cli *o, const char *a, const char *v)
             strcmp(v, "both"))
             bad_usage("--speculate: expected on or off (graph), off, lookup, draft or both "
                       "(ask, chat, rag), got '%s'", v);
-        o->spec = !strcmp(v, "on") ? LLMS_SPECULATE_ON : LLMS_SPECULATE_OFF;
         o->speculate_value = v;
     } else if (!strcmp(a, "--format")) {
         if (strcmp(v, "text") && strcmp(v, "json"))
@@ -1217,7 +1216,9 @@ static void check_options(cli *o)
     if (sv && (graph ? strcmp(sv, "on") && strcmp(sv, "off") : !strcmp(sv, "on")))
         bad_usage("%s: --speculate %s does not apply (graph: on or off; ask, chat, rag: off, "
                   "lookup, draft or both)", cmd, sv);
-    if (sv && !graph)
+    if (sv && graph)
+        o->graph_spec = !strcmp(sv, "on") ? LLMS_SPECULATE_ON : LLMS_SPECULATE_OFF;
+    else if (sv)
         o->p.speculation = !strcmp(sv, "lookup")  ? LLMS_SPECULATION_LOOKUP
                            : !strcmp(sv, "draft") ? LLMS_SPECULATION_DRAFT
                            : !strcmp(sv, "both")  ? LLMS_SPECULATION_BOTH
@@ -1246,7 +1247,7 @@ static int run_command(llms_conn *c, cli *o, const char *prompt)
         return cmd_rag(c, args[0], args[1], o->ro.top_k, o->system, &o->p, o->json,
                        o->share_uid);
     if (!strcmp(cmd, "graph"))
-        return cmd_graph(c, n_args, args, &o->p, o->spec, o->json);
+        return cmd_graph(c, n_args, args, &o->p, o->graph_spec, o->json);
     return cmd_ctx(c, n_args, args);
 }
 
@@ -1255,7 +1256,7 @@ int main(int argc, char **argv)
     cli o = {.file_format = LLMS_FORMAT_DEFAULT,
              .overflow = LLMS_OVERFLOW_DEFAULT,
              .pooling = LLMS_POOLING_MODEL,
-             .spec = LLMS_SPECULATE_DEFAULT};
+             .graph_spec = LLMS_SPECULATE_DEFAULT};
     llms_rerank_options_init(&o.ro);
     llms_params_init(&o.p);
     o.pos = calloc((size_t)argc + 1, sizeof *o.pos);
